@@ -1,0 +1,159 @@
+"""The ``edgefleet`` command. Subcommands plug in through the ``edgefleet.commands`` entry
+point group, so the agent never imports the control plane and a device install can omit it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import click
+
+from agent import __version__
+from agent.plans import plan_repository
+from runtimes.errors import RuntimeFailure
+from runtimes.hardware.context import HardwareContext
+
+
+@click.group()
+@click.version_option(__version__, prog_name="edgefleet")
+def cli() -> None:
+    """edgefleet: edge inference runtime with fleet management."""
+
+
+def main() -> None:
+    for ep in entry_points(group="edgefleet.commands"):
+        ep.load()(cli)
+    cli()
+
+
+def _context(root: Path, profiles: Path | None, profile: str) -> HardwareContext:
+    try:
+        return HardwareContext.detect(root=root, profiles_dir=profiles, profile=profile)
+    except RuntimeFailure as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def register_hardware(group: click.Group) -> None:
+    @group.command()
+    @click.argument(
+        "model_repository",
+        required=False,
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+    )
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+    @click.option(
+        "--profile", default="auto", show_default=True, help="Profile name, or auto to detect."
+    )
+    @click.option(
+        "--profiles-dir",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        help="Directory of hardware profile TOML files.",
+    )
+    @click.option(
+        "--root",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        default=Path("/"),
+        show_default=True,
+        help="Root of /proc, /sys, /dev, /etc.",
+    )
+    def hardware(
+        model_repository: Path | None,
+        as_json: bool,
+        profile: str,
+        profiles_dir: Path | None,
+        root: Path,
+    ) -> None:
+        """Show the detected hardware profile, runtimes and devices, and for a model
+        repository where each model would run and why the other candidates were skipped."""
+        ctx = _context(root, profiles_dir, profile)
+        report = ctx.describe()
+        plans = plan_repository(model_repository, ctx) if model_repository else []
+        report["models"] = [p.to_dict() for p in plans]
+        if as_json:
+            click.echo(json.dumps(report, indent=2))
+            return
+        _print_report(report)
+
+    del hardware
+
+
+def _print_report(report: dict) -> None:  # type: ignore[type-arg]
+    m = report["machine"]
+    how = "named with --profile" if report["profile_forced"] else "detected"
+    click.echo(f"profile:  {report['profile']} ({how}): {report['profile_description']}")
+    click.echo(
+        f"machine:  {m['architecture']}, {m['cpu_model']}, {m['cpu_count']} CPUs, "
+        f"{(m['memory_total_bytes'] or 0) / 2**30:.1f} GiB"
+        + (f", device tree {m['device_tree_model']!r}" if m["device_tree_model"] else "")
+    )
+    budget = report["memory_budget_bytes"]
+    click.echo(f"budget:   {budget / 2**30:.1f} GiB for models" if budget else "budget:   none")
+    accel = report["accelerators"]
+    click.echo("devices:  CPU" + "".join(f", {k} ({', '.join(v)})" for k, v in accel.items()))
+    click.echo("runtimes:")
+    for name, info in report["runtimes"].items():
+        state = (
+            f"{info['version']}: {', '.join(info['devices'])}"
+            if info["installed"]
+            else info["missing_reason"]
+        )
+        click.echo(f"  {name:<12} {state}")
+    for p in report["profiles"]:
+        if not p["matched"]:
+            continue
+        click.echo(f"matches:  {p['name']} (priority {p['priority']})")
+    for model in report["models"]:
+        click.echo(f"model {model['model']} v{model['version']}:")
+        for s in model["skipped"]:
+            click.echo(f"  skipped {s['candidate']}: {s['reason']}")
+        if model["error"]:
+            click.echo(f"  error: {model['error']}")
+        else:
+            pl = model["placement"]
+            via = f" via {', '.join(pl['providers'])}" if pl["providers"] else ""
+            pinned = " (pinned in config.toml)" if model["pinned"] else ""
+            click.echo(f"  -> {pl['runtime']} {pl['device']}{via}{pinned} [{model['format']}]")
+
+
+def register_models(group: click.Group) -> None:
+    models = group.commands.get("models")
+    if not isinstance(models, click.Group):
+        models = click.Group("models", help="Model repositories and the model registry.")
+        group.add_command(models)
+
+    @models.command("example")
+    @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+    @click.option("--force", is_flag=True, help="Replace models that already exist.")
+    @click.option("--only", multiple=True, help="Write only these models (repeatable).")
+    def example(directory: Path, force: bool, only: tuple[str, ...]) -> None:
+        """Write the example model repository (mlp, cnn, cnn_ir, mlp_tflite) to DIRECTORY."""
+        from runtimes.examples import EXAMPLE_MODELS, write_example_repository
+
+        try:
+            write_example_repository(
+                directory, models=only or EXAMPLE_MODELS, overwrite=force, log=click.echo
+            )
+        except (FileExistsError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    del example
+
+
+def register_demo(group: click.Group) -> None:
+    @group.command()
+    @click.option(
+        "--workdir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=Path("var/demo"),
+        show_default=True,
+        help="Where the demo writes its files.",
+    )
+    def demo(workdir: Path) -> None:
+        """Write the example models, detect this machine, place each model and self-test it."""
+        from agent.demo import run_demo
+
+        sys.exit(run_demo(workdir, click.echo))
+
+    del demo

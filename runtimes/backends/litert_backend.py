@@ -1,0 +1,121 @@
+"""LiteRT (TFLite) backend: XNNPACK on CPU, GPU and EdgeTPU delegates, dynamic batch by resize."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runtimes.base import Placement, Runtime
+from runtimes.datatypes import from_numpy
+from runtimes.errors import (
+    DeviceUnavailableError,
+    InferenceFailedError,
+    ModelFileError,
+    RuntimeFailure,
+    RuntimeNotInstalledError,
+    UnsupportedModelError,
+)
+from runtimes.formats import ModelFormat
+from runtimes.signature import ModelSignature, TensorSpec
+
+
+def interpreter_module() -> Any:
+    """``ai_edge_litert.interpreter``, or ``tflite_runtime.interpreter`` on older devices."""
+    try:
+        from ai_edge_litert import interpreter
+    except ImportError:
+        try:
+            from tflite_runtime import interpreter
+        except ImportError as exc:
+            raise RuntimeNotInstalledError(
+                "neither ai-edge-litert nor tflite-runtime is installed"
+            ) from exc
+    return interpreter
+
+
+class LiteRtBackend(Runtime):
+    name = "litert"
+    formats = frozenset({ModelFormat.TFLITE})
+
+    _interpreter: Any = None
+
+    def _load(self, model_file: Path, placement: Placement) -> ModelSignature:
+        module = interpreter_module()
+        delegates = []
+        if placement.delegate:
+            try:
+                # NOTE: LiteRT's Delegate.__del__ raises on an object whose library failed
+                # to load, so the library is opened here first and LiteRT only sees good ones.
+                ctypes.CDLL(placement.delegate)
+                delegates.append(module.load_delegate(placement.delegate, dict(placement.options)))
+            except (ValueError, OSError, RuntimeError) as exc:
+                raise DeviceUnavailableError(
+                    f"litert {placement.device}: cannot load delegate {placement.delegate}: {exc}"
+                ) from exc
+        kwargs: dict[str, Any] = {"experimental_delegates": delegates or None}
+        if self.settings.intra_op_threads:
+            kwargs["num_threads"] = self.settings.intra_op_threads
+        if placement.options.get("xnnpack") is False and not delegates:
+            kwargs["experimental_op_resolver_type"] = (
+                module.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+            )
+        if not model_file.is_file():
+            raise ModelFileError(f"litert cannot load {model_file}: no such file")
+        try:
+            self._interpreter = module.Interpreter(model_path=str(model_file), **kwargs)
+            self._interpreter.allocate_tensors()
+        except (ValueError, RuntimeError) as exc:
+            raise _translate(exc, model_file) from exc
+        self._lock = threading.Lock()
+        self._inputs = {d["name"]: d["index"] for d in self._interpreter.get_input_details()}
+        self._outputs = {d["name"]: d["index"] for d in self._interpreter.get_output_details()}
+        return ModelSignature(
+            inputs=tuple(_spec(d) for d in self._interpreter.get_input_details()),
+            outputs=tuple(_spec(d) for d in self._interpreter.get_output_details()),
+        )
+
+    def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        interp = self._interpreter
+        try:
+            with self._lock:  # the interpreter holds one set of tensors
+                resized = False
+                for detail in interp.get_input_details():
+                    array = inputs[detail["name"]]
+                    if tuple(detail["shape"]) != array.shape:
+                        # strict: only dimensions that are -1 in shape_signature may change
+                        interp.resize_tensor_input(detail["index"], array.shape, strict=True)
+                        resized = True
+                if resized:
+                    interp.allocate_tensors()
+                for name, index in self._inputs.items():
+                    interp.set_tensor(index, np.ascontiguousarray(inputs[name]))
+                interp.invoke()
+                return {name: interp.get_tensor(index) for name, index in self._outputs.items()}
+        except (ValueError, RuntimeError) as exc:
+            raise InferenceFailedError(f"litert: {exc}") from exc
+
+    def _close(self) -> None:
+        self._interpreter = None
+
+
+def _spec(detail: dict[str, Any]) -> TensorSpec:
+    signature = detail.get("shape_signature")
+    shape = signature if signature is not None and len(signature) else detail["shape"]
+    return TensorSpec(
+        name=detail["name"],
+        datatype=from_numpy(np.dtype(detail["dtype"])),
+        shape=tuple(int(d) for d in shape),
+    )
+
+
+def _translate(exc: Exception, model_file: Path) -> RuntimeFailure:
+    message = f"litert cannot load {model_file.name}: {exc}"
+    text = str(exc)
+    if "unresolved custom op" in text or "Didn't find op" in text or "not supported" in text:
+        return UnsupportedModelError(message)
+    return ModelFileError(message)

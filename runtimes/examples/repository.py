@@ -1,0 +1,117 @@
+"""Write the example model repository: ``DIR/<model>/<version>/<file>`` plus golden samples."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from runtimes.examples.onnx_models import cnn_onnx, mlp_onnx
+from runtimes.examples.reference import cnn_forward, mlp_forward
+from runtimes.examples.tflite_models import mlp_tflite
+from runtimes.examples.weights import MLP_SIZES, SEED, cnn_layers, mlp_layers
+from runtimes.golden import GOLDEN_FILE, GoldenSample
+
+EXAMPLE_MODELS = ("mlp", "cnn", "cnn_ir", "mlp_tflite")
+VERSION = "1"
+MLP_GOLDEN_ROWS = 8
+# The CNN is 50+ layers deep; float32 backends drift further from the float64 reference.
+MLP_TOLERANCE = (1e-4, 1e-4)
+CNN_TOLERANCE = (1e-3, 1e-3)
+
+
+def _golden_inputs() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(SEED + 7)
+    mlp_x = rng.standard_normal((MLP_GOLDEN_ROWS, MLP_SIZES[0])).astype(np.float32)
+    # Noise and a smooth pattern: an untrained net answers noise images almost alike, and
+    # rows must differ clearly for a test to notice answers given to the wrong request.
+    noise = rng.uniform(-1.0, 1.0, (1, 3, 224, 224))
+    yy, xx = np.mgrid[0:224, 0:224] / 224.0
+    pattern = 2.0 * np.stack([np.sin(8 * xx), np.cos(6 * yy), xx - yy])[None]
+    cnn_x = np.concatenate([noise, pattern]).astype(np.float32)
+    return mlp_x, cnn_x
+
+
+def _config(description: str) -> str:
+    return f'# edgefleet model configuration\ndescription = "{description}"\n'
+
+
+def write_example_repository(
+    root: Path,
+    *,
+    models: tuple[str, ...] = EXAMPLE_MODELS,
+    overwrite: bool = False,
+    log: Callable[[str], None] = lambda _: None,
+) -> list[str]:
+    """Write the example models under ``root``; return the names written.
+
+    ``cnn_ir`` needs OpenVINO for the conversion and is skipped (and logged) without it.
+    Each model is written to a scratch directory and renamed into place, so an interrupted
+    run never leaves half a model behind.
+    """
+    unknown = set(models) - set(EXAMPLE_MODELS)
+    if unknown:
+        raise ValueError(f"unknown example models {sorted(unknown)}; known: {EXAMPLE_MODELS}")
+    root.mkdir(parents=True, exist_ok=True)
+    for name in models:
+        if (root / name).exists() and not overwrite:
+            raise FileExistsError(f"{root / name} exists; pass overwrite=True to replace it")
+
+    mlp_x, cnn_x = _golden_inputs()
+    mlp = mlp_layers()
+    mlp_golden = GoldenSample(
+        {"input": mlp_x}, {"logits": mlp_forward(mlp_x, mlp).astype(np.float32)}, *MLP_TOLERANCE
+    )
+    cnn_golden: GoldenSample | None = None
+    written = []
+    for name in models:
+        with tempfile.TemporaryDirectory(dir=root, prefix=f".{name}-") as scratch:
+            version_dir = Path(scratch) / VERSION
+            version_dir.mkdir()
+            if name == "mlp":
+                onnx.save(mlp_onnx(mlp), version_dir / "model.onnx")
+                mlp_golden.save(version_dir / GOLDEN_FILE)
+                description = "MLP 256-1024-1024-10 (Gemm+Relu)"
+            elif name == "mlp_tflite":
+                (version_dir / "model.tflite").write_bytes(mlp_tflite(mlp))
+                mlp_golden.save(version_dir / GOLDEN_FILE)
+                description = "MLP 256-1024-1024-10 as a TFLite flatbuffer"
+            else:
+                convs, head = cnn_layers()
+                if cnn_golden is None:
+                    expected = cnn_forward(cnn_x, convs, head).astype(np.float32)
+                    cnn_golden = GoldenSample(
+                        {"input": cnn_x}, {"logits": expected}, *CNN_TOLERANCE
+                    )
+                onnx_path = version_dir / "model.onnx"
+                onnx.save(cnn_onnx(convs, head), onnx_path)
+                if name == "cnn_ir":
+                    if not _convert_to_ir(onnx_path, version_dir / "model.xml", log):
+                        continue
+                    onnx_path.unlink()
+                cnn_golden.save(version_dir / GOLDEN_FILE)
+                description = "MobileNetV2-like CNN, 3x224x224 -> 1000"
+            (Path(scratch) / "config.toml").write_text(_config(description))
+            target = root / name
+            if target.exists():
+                shutil.rmtree(target)
+            Path(scratch).rename(target)
+            # TemporaryDirectory's cleanup tolerates the directory having moved away.
+        written.append(name)
+        log(f"wrote {root / name}")
+    return written
+
+
+def _convert_to_ir(onnx_path: Path, xml_path: Path, log: Callable[[str], None]) -> bool:
+    try:
+        import openvino as ov
+    except ImportError:
+        log("skipped cnn_ir: OpenVINO is not installed (pip install 'edgefleet[openvino]')")
+        return False
+    ov_model = ov.convert_model(str(onnx_path))
+    ov.save_model(ov_model, str(xml_path), compress_to_fp16=False)
+    return True

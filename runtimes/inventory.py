@@ -1,0 +1,95 @@
+"""Which runtimes are installed and what devices each reports.
+
+This is the second seam of placement: on a device it asks the libraries themselves; tests of
+hardware that cannot run here (an NPU, a GPU, an EdgeTPU) build a :class:`RuntimeInventory`
+by hand.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib import metadata
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    name: str
+    version: str | None
+    devices: frozenset[str] = frozenset()
+    """onnxruntime: execution providers; openvino: devices; litert: CPU."""
+    missing_reason: str | None = None
+
+    @property
+    def installed(self) -> bool:
+        return self.missing_reason is None
+
+
+@dataclass(frozen=True)
+class RuntimeInventory:
+    runtimes: dict[str, RuntimeInfo]
+    delegate_libraries: frozenset[str] = field(default_factory=frozenset)
+    """LiteRT delegate libraries that load on this machine."""
+
+    def get(self, name: str) -> RuntimeInfo:
+        return self.runtimes.get(name) or RuntimeInfo(name, None, missing_reason="unknown runtime")
+
+
+def probe_runtimes(delegates: Iterable[str] = ()) -> RuntimeInventory:
+    """Ask each installed library what it can do; ``delegates`` are LiteRT libraries to try."""
+    return RuntimeInventory(
+        runtimes={
+            "onnxruntime": _probe_onnxruntime(),
+            "openvino": _probe_openvino(),
+            "litert": _probe_litert(),
+        },
+        delegate_libraries=frozenset(d for d in set(delegates) if _library_loads(d)),
+    )
+
+
+def _probe_onnxruntime() -> RuntimeInfo:
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        return RuntimeInfo("onnxruntime", None, missing_reason=f"not installed ({exc})")
+    return RuntimeInfo(
+        "onnxruntime", onnxruntime.__version__, frozenset(onnxruntime.get_available_providers())
+    )
+
+
+def _probe_openvino() -> RuntimeInfo:
+    try:
+        import openvino
+    except ImportError as exc:
+        return RuntimeInfo("openvino", None, missing_reason=f"not installed ({exc})")
+    version = openvino.get_version().split("-")[0]
+    return RuntimeInfo("openvino", version, frozenset(openvino.Core().available_devices))
+
+
+def _probe_litert() -> RuntimeInfo:
+    for dist, module in (
+        ("ai-edge-litert", "ai_edge_litert"),
+        ("tflite-runtime", "tflite_runtime"),
+    ):
+        try:
+            __import__(f"{module}.interpreter")
+        except ImportError:
+            continue
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            version = "unknown"
+        return RuntimeInfo("litert", f"{version} ({dist})", frozenset({"CPU"}))
+    return RuntimeInfo(
+        "litert", None, missing_reason="neither ai-edge-litert nor tflite-runtime installed"
+    )
+
+
+def _library_loads(name: str) -> bool:
+    try:
+        ctypes.CDLL(name)
+    except OSError:
+        return ctypes.util.find_library(name.removeprefix("lib").split(".so")[0]) is not None
+    return True

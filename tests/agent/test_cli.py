@@ -1,0 +1,84 @@
+"""The ``edgefleet`` command, run as a user runs it: the installed console script."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.runtimes.fake_machines import MACHINES
+
+
+def edgefleet(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).parent / "edgefleet"
+    command = [str(exe)] if exe.exists() else [shutil.which("edgefleet") or "edgefleet"]
+    result = subprocess.run(command + list(args), capture_output=True, text=True, timeout=120)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_version() -> None:
+    from agent import __version__
+
+    assert edgefleet("--version").stdout.strip() == f"edgefleet, version {__version__}"
+
+
+def test_hardware_json_plans_every_example_model(example_repo: Path) -> None:
+    report = json.loads(edgefleet("hardware", "--json", str(example_repo)).stdout)
+    assert report["runtimes"]["onnxruntime"]["installed"]
+    plans = {m["model"]: m for m in report["models"]}
+    assert set(plans) == {"mlp", "cnn", "cnn_ir", "mlp_tflite"}
+    assert plans["cnn_ir"]["placement"]["runtime"] == "openvino"
+    assert plans["mlp_tflite"]["placement"]["runtime"] == "litert"
+    assert all(m["error"] is None for m in plans.values())
+
+
+def test_hardware_on_a_fake_jetson_tree_explains_the_cpu_fallback(
+    example_repo: Path, tmp_path: Path
+) -> None:
+    """The device tree is a Jetson's; the runtimes are this machine's real CPU-only builds."""
+    root = MACHINES["nvidia-jetson-orin"].build(tmp_path / "jetson")
+    out = edgefleet("hardware", "--root", str(root), str(example_repo)).stdout
+    assert "profile:  nvidia-jetson-orin (detected)" in out
+    assert (
+        "skipped onnxruntime GPU: TensorrtExecutionProvider, CUDAExecutionProvider "
+        "not in this onnxruntime build" in out
+    )
+    assert "-> onnxruntime CPU via CPUExecutionProvider [onnx]" in out
+
+
+def test_pin_in_config_is_honoured_and_bad_config_reported(
+    example_repo: Path, tmp_path: Path
+) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(example_repo / "mlp", repo / "mlp")
+    shutil.copytree(example_repo / "mlp", repo / "broken")
+    (repo / "mlp/config.toml").write_text('[placement]\nruntime = "openvino"\ndevice = "CPU"\n')
+    (repo / "broken/config.toml").write_text('[placement]\nruntime = "tensorflow"\n')
+    report = json.loads(edgefleet("hardware", "--json", str(repo)).stdout)
+    plans = {m["model"]: m for m in report["models"]}
+    assert plans["mlp"]["pinned"] and plans["mlp"]["placement"]["runtime"] == "openvino"
+    assert "field placement.runtime" in plans["broken"]["error"]
+
+
+def test_bad_profile_is_a_startup_error_naming_file_and_field(tmp_path: Path) -> None:
+    (tmp_path / "x.toml").write_text('name = "x"\n')
+    result = edgefleet("hardware", "--profiles-dir", str(tmp_path), check=False)
+    assert result.returncode != 0
+    assert f"{tmp_path / 'x.toml'}: field description: Field required" in result.stderr
+
+
+def test_models_example_writes_then_refuses_to_overwrite(tmp_path: Path) -> None:
+    edgefleet("models", "example", str(tmp_path), "--only", "mlp")
+    assert (tmp_path / "mlp/1/model.onnx").is_file()
+    again = edgefleet("models", "example", str(tmp_path), "--only", "mlp", check=False)
+    assert again.returncode == 1 and "exists" in again.stderr
+
+
+def test_demo_places_and_self_tests_every_model(tmp_path: Path) -> None:
+    result = edgefleet("demo", "--workdir", str(tmp_path))
+    assert result.stdout.count("self-test passed") == 4, result.stdout
+    assert "== done" in result.stdout
