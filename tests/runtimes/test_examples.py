@@ -94,3 +94,12 @@ def test_golden_outputs_are_not_degenerate(example_repo: Path) -> None:
         assert out.std() > 0.05, f"{name}: outputs barely vary, a broken net would pass"
         # rows must differ far beyond the tolerance, or a row mix-up would go unnoticed
         assert np.abs(out[0] - out[1]).max() > 100 * golden.atol
+
+
+def test_start_benchmark_measures_cold_and_warm_in_fresh_processes(example_repo: Path) -> None:
+    from runtimes.startbench import measure
+
+    (row,) = measure(example_repo, 1, (("openvino", "cnn_ir", "model.xml"),))
+    for key in ("load_s", "process_to_first_inference_s"):
+        assert 0 < row[f"warm_{key}"] and 0 < row[f"cold_{key}"]
+        assert row[f"warm_over_cold_{key}"] == row[f"warm_{key}"] / row[f"cold_{key}"]
