@@ -157,3 +157,60 @@ def register_demo(group: click.Group) -> None:
         sys.exit(run_demo(workdir, click.echo))
 
     del demo
+
+
+def register_agent(group: click.Group) -> None:
+    @group.command()
+    @click.option(
+        "--model-repository",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Model repository directory.",
+    )
+    @click.option("--host", help="Address to listen on (default 127.0.0.1).")
+    @click.option("--port", type=int, help="TCP port (default 8000; 0 picks a free one).")
+    @click.option(
+        "--uds", type=click.Path(dir_okay=False, path_type=Path), help="Listen on a Unix socket."
+    )
+    @click.option("--profile", help="Hardware profile name, or auto (default).")
+    @click.option(
+        "--config",
+        "config_file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="TOML settings file (EDGEFLEET_AGENT_* variables and flags override it).",
+    )
+    @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+    def agent(
+        model_repository: Path | None,
+        host: str | None,
+        port: int | None,
+        uds: Path | None,
+        profile: str | None,
+        config_file: Path | None,
+        log_level: str | None,
+    ) -> None:
+        """Serve the models of a repository on a local REST endpoint (KServe V2, TF Serving)."""
+        from pydantic import ValidationError
+
+        from agent.main import run
+        from agent.settings import load_settings
+
+        try:
+            settings = load_settings(
+                config_file,
+                model_repository=model_repository,
+                host=host,
+                port=port,
+                uds=uds,
+                profile=profile,
+                log_level=log_level,
+            )
+        except (ValidationError, FileNotFoundError) as exc:
+            raise click.ClickException(f"invalid settings: {exc}") from exc
+        try:
+            run(settings)
+        except RuntimeFailure as exc:
+            raise click.ClickException(str(exc)) from exc
+        except OSError as exc:
+            raise click.ClickException(f"cannot listen: {exc}") from exc
+
+    del agent

@@ -1,11 +1,35 @@
-"""Per-model configuration: ``DIR/<model>/config.toml`` in a model repository."""
+"""Per-model configuration: ``DIR/<model>/config.toml`` in a model repository.
+
+Every field has a default, so a model directory without a config file serves with sensible
+batching. Names carry their units, as Triton's and pytriton's do::
+
+    description = "MobileNetV2-like classifier"
+    instances = 2                      # parallel executors, each with its own session
+    evictable = true                   # may be unloaded to make room for another model
+
+    [version_policy]
+    latest = 1                         # or: all = true, or: specific = [3, 5]
+
+    [batching]
+    max_batch_size = 32                # rows per batch; 0 turns batching off
+    preferred_batch_sizes = [8, 16]
+    max_queue_delay_us = 500
+    max_queue_size = 256               # requests waiting; more get 503 + Retry-After
+    default_timeout_us = 0             # 0: no queue timeout
+    priority_levels = 2                # 1 is the highest
+    preserve_ordering = false
+
+    [placement]                        # pin instead of the profile's preferences
+    runtime = "openvino"
+    device = "CPU"
+"""
 
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from runtimes.errors import validation_message
 from runtimes.hardware.select import Pin
@@ -19,14 +43,99 @@ class ModelConfigError(ValueError):
     code = "model_config_invalid"
 
 
-class ModelConfig(BaseModel):
+class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
+
+class BatchingConfig(_Strict):
+    max_batch_size: int = Field(default=32, ge=0)
+    """Most rows in one batch; 0 runs every request on its own."""
+    preferred_batch_sizes: tuple[int, ...] = ()
+    """Batch sizes to run at once when they can be formed, without waiting the delay."""
+    max_queue_delay_us: int = Field(default=0, ge=0)
+    """Longest a request waits for others to fill a batch once an instance is free."""
+    max_queue_size: int = Field(default=256, ge=1)
+    """Requests that may wait; a full queue answers 503 with Retry-After at once."""
+    default_timeout_us: int = Field(default=0, ge=0)
+    """Queue timeout of requests that give none; 0 means none."""
+    priority_levels: int = Field(default=1, ge=1, le=16)
+    """Number of priority levels; 1 is the highest and runs first."""
+    default_priority_level: int = Field(default=0, ge=0)
+    """Level of requests without a priority; 0 picks the middle level."""
+    preserve_ordering: bool = False
+    """Answer requests in the order they arrived, even with several instances."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BatchingConfig:
+        too_big = [
+            s for s in self.preferred_batch_sizes if s < 1 or s > max(self.max_batch_size, 1)
+        ]
+        if too_big:
+            raise ValueError(f"preferred_batch_sizes {too_big} must lie in 1..max_batch_size")
+        if self.default_priority_level > self.priority_levels:
+            raise ValueError("default_priority_level must not exceed priority_levels")
+        return self
+
+    @property
+    def default_priority(self) -> int:
+        return self.default_priority_level or (self.priority_levels + 1) // 2
+
+
+class VersionPolicy(_Strict):
+    """Which versions are served: the newest N, all, or named ones (TF Serving's policies)."""
+
+    latest: int | None = Field(default=None, ge=1)
+    all: bool = False
+    specific: tuple[int, ...] = ()
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> VersionPolicy:
+        kinds = (self.latest is not None) + self.all + bool(self.specific)
+        if kinds > 1:
+            raise ValueError("give only one of latest, all, specific")
+        return self
+
+    def select(self, available: list[int]) -> list[int]:
+        ordered = sorted(available)
+        if self.all:
+            return ordered
+        if self.specific:
+            return [v for v in ordered if v in self.specific]
+        return ordered[-(self.latest or 1) :]
+
+
+class WarmupConfig(_Strict):
+    golden: bool = True
+    """Run the version's golden.npz at load; the version is ready only if it matches."""
+    require_golden: bool = False
+    """Refuse to load a version that has no golden.npz."""
+
+
+class ModelConfig(_Strict):
     description: str = ""
     """Free text shown in metadata."""
-
     placement: Pin | None = None
     """Pin the model to a runtime (and device) instead of the profile's preference order."""
+    instances: int = Field(default=1, ge=1, le=64)
+    """Parallel executors, each with its own session; CPU threads are split between them."""
+    evictable: bool = False
+    """May be unloaded (when idle) to make room for another model within the memory budget."""
+    memory_mb: int | None = Field(default=None, gt=0)
+    """Memory one instance needs; estimated from the model files when not given."""
+    version_policy: VersionPolicy = VersionPolicy()
+    batching: BatchingConfig = BatchingConfig()
+    warmup: WarmupConfig = WarmupConfig()
+
+
+def parse_model_config(text: str, source: str) -> ModelConfig:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ModelConfigError(f"{source}: invalid TOML: {exc}") from exc
+    try:
+        return ModelConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ModelConfigError(f"{source}: {validation_message(exc)}") from exc
 
 
 def load_model_config(model_dir: Path) -> ModelConfig:
@@ -34,13 +143,10 @@ def load_model_config(model_dir: Path) -> ModelConfig:
     if not path.is_file():
         return ModelConfig()
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
         raise ModelConfigError(f"{path}: cannot read: {exc}") from exc
-    try:
-        return ModelConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ModelConfigError(f"{path}: {validation_message(exc)}") from exc
+    return parse_model_config(text, str(path))
 
 
 def version_dirs(model_dir: Path) -> list[Path]:

@@ -1,0 +1,1 @@
+"""The agent's HTTP adapter (FastAPI) over the transport-free inference service."""

@@ -1,0 +1,59 @@
+"""The FastAPI application: routes, error handling, request context, lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from agent import __version__
+from agent.api import repository, tfserving, v2
+from agent.api.context import RequestContext
+from agent.api.errors import HANDLED, handle_error
+from agent.api.state import ApiState
+
+log = logging.getLogger("edgefleet.agent")
+
+
+def create_app(state: ApiState) -> FastAPI:
+    """The app over an already wired :class:`ApiState`. Models load in the background after
+    start-up, so liveness answers at once and readiness follows the loads."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async def load() -> None:
+            await state.manager.load_all()
+            state.loaded = True
+            log.info("start-up load finished", extra={"ready": state.ready()})
+
+        loading = asyncio.create_task(load(), name="startup-load")
+        try:
+            yield
+        finally:
+            # uvicorn has stopped accepting and waited for in-flight requests by now.
+            state.service.accepting = False
+            loading.cancel()
+            await asyncio.gather(loading, return_exceptions=True)
+            await state.manager.close()
+            log.info("models closed")
+
+    app = FastAPI(
+        title="edgefleet agent",
+        version=__version__,
+        lifespan=lifespan,
+        description="Local inference: KServe V2 (Open Inference Protocol) and TF Serving REST.",
+    )
+    app.state.api = state
+    app.include_router(v2.router)
+    app.include_router(tfserving.router)
+    app.include_router(repository.router)
+    # Handlers for the domain errors answer and carry on; a handler for Exception itself
+    # runs in Starlette's ServerErrorMiddleware, which re-raises and drops the connection.
+    for cls in HANDLED:
+        app.add_exception_handler(cls, handle_error)
+    app.add_exception_handler(Exception, handle_error)
+    app.add_middleware(RequestContext, access_log=state.settings.access_log)
+    return app

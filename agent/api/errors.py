@@ -1,0 +1,66 @@
+"""Domain errors -> HTTP: one table and one handler.
+
+The body is the V2 / TF Serving error shape, ``{"error": "<message>"}``, which unmodified
+clients (tritonclient, TF Serving clients) read, plus a stable machine-readable ``code``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from agent import errors as agent_errors
+from agent.model_config import ModelConfigError
+from runtimes import errors as runtime_errors
+
+log = logging.getLogger("edgefleet.agent.api")
+
+# Most specific first: the first class an error is an instance of decides.
+STATUS: tuple[tuple[type[Exception], int], ...] = (
+    (agent_errors.ModelNotFoundError, 404),
+    (agent_errors.RequestError, 400),
+    (agent_errors.PayloadTooLargeError, 413),
+    (agent_errors.OverloadedError, 503),
+    (agent_errors.ShuttingDownError, 503),
+    (agent_errors.ModelNotReadyError, 503),
+    (agent_errors.DeadlineExceededError, 504),
+    (agent_errors.MemoryBudgetError, 409),
+    (agent_errors.LoadError, 400),
+    (ModelConfigError, 400),
+    (runtime_errors.InvalidInputError, 400),
+    (runtime_errors.DeviceUnavailableError, 503),
+    (runtime_errors.InferenceFailedError, 500),
+    (runtime_errors.RuntimeFailure, 400),
+)
+
+
+HANDLED = (agent_errors.AgentError, runtime_errors.RuntimeFailure, ModelConfigError)
+
+
+def status_of(exc: Exception) -> int:
+    for cls, status in STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+def error_response(exc: Exception, headers: dict[str, str] | None = None) -> Response:
+    status = status_of(exc)
+    code = getattr(exc, "code", "internal")
+    message = str(exc) if status != 500 or code != "internal" else "internal error"
+    headers = dict(headers or {})
+    if isinstance(exc, agent_errors.OverloadedError):
+        headers["Retry-After"] = str(exc.retry_after_s)
+    elif status == 503:
+        headers.setdefault("Retry-After", "1")
+    body = orjson.dumps({"error": message, "code": code})
+    return Response(body, status_code=status, headers=headers, media_type="application/json")
+
+
+async def handle_error(request: Request, exc: Exception) -> Response:
+    if status_of(exc) == 500:
+        log.error("request failed", exc_info=exc, extra={"path": request.url.path})
+    return error_response(exc)

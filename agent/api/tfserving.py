@@ -1,0 +1,104 @@
+"""TensorFlow Serving REST: predict (row and columnar), model status and metadata."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from agent.api.state import ApiState
+from agent.api.tfserving_codec import (
+    decode_predict,
+    encode_predict,
+    metadata_document,
+    status_document,
+)
+from agent.api.transport import (
+    ClientGone,
+    json_response,
+    read_body,
+    server_timing,
+    until_disconnect,
+)
+from agent.errors import ModelNotFoundError
+from agent.inference.service import InferRequest
+from agent.inference.versions import VersionState
+
+router = APIRouter(tags=["TensorFlow Serving"])
+
+_TF_STATES = {
+    VersionState.LOADING: "LOADING",
+    VersionState.READY: "AVAILABLE",
+    VersionState.UNLOADING: "UNLOADING",
+    VersionState.UNAVAILABLE: "END",
+}
+
+
+def _state(request: Request) -> ApiState:
+    state: ApiState = request.app.state.api
+    return state
+
+
+@router.get("/v1/models/{model_name}", summary="Status of every version of a model")
+@router.get("/v1/models/{model_name}/versions/{model_version}", summary="Status of one version")
+async def model_status(
+    request: Request, model_name: str, model_version: str | None = None
+) -> Response:
+    entry = _state(request).manager.models.get(model_name)
+    if entry is None:
+        raise ModelNotFoundError(f"Servable not found for request: Latest({model_name})")
+    rows = [(str(v), _TF_STATES[s.state], s.reason) for v, s in sorted(entry.status.items())]
+    if model_version is not None:
+        rows = [r for r in rows if r[0] == model_version]
+        if not rows:
+            raise ModelNotFoundError(
+                f"Servable not found for request: Specific({model_name}, {model_version})"
+            )
+    return json_response(status_document(rows))
+
+
+@router.get("/v1/models/{model_name}/metadata", summary="Signature of the newest version")
+@router.get(
+    "/v1/models/{model_name}/versions/{model_version}/metadata", summary="Signature of one version"
+)
+async def model_metadata(
+    request: Request, model_name: str, model_version: str | None = None
+) -> Response:
+    lv = _state(request).service.resolve(model_name, model_version)
+    return json_response(metadata_document(lv.model, str(lv.version), lv.signature))
+
+
+@router.post("/v1/models/{model_name}:predict", summary="Predict (row or columnar format)")
+@router.post(
+    "/v1/models/{model_name}/versions/{model_version}:predict", summary="Predict on a version"
+)
+@router.post("/v1/models/{model_name}/predict", summary="Predict (alias of :predict)")
+@router.post(
+    "/v1/models/{model_name}/versions/{model_version}/predict",
+    summary="Predict on a version (alias)",
+)
+async def predict(request: Request, model_name: str, model_version: str | None = None) -> Response:
+    started = time.monotonic()
+    request.state.model, request.state.version = model_name, model_version
+    state = _state(request)
+    lv = state.service.resolve(model_name, model_version)
+    body = await read_body(request, state.settings.max_request_bytes)
+    inputs, rows = decode_predict(
+        body, lv.signature, max_elements=state.settings.max_tensor_elements
+    )
+    try:
+        result = await until_disconnect(
+            request, state.service.infer(InferRequest(model_name, inputs, model_version))
+        )
+    except ClientGone:
+        return Response(status_code=499)
+    request.state.model, request.state.version = result.model, result.version
+    request.state.queue_ms = round(result.queue_s * 1000, 3)
+    request.state.compute_ms = round(result.compute_s * 1000, 3)
+    timing = server_timing(result.queue_s, result.compute_s, time.monotonic() - started)
+    return Response(
+        encode_predict(result.outputs, rows),
+        headers={"Server-Timing": timing},
+        media_type="application/json",
+    )

@@ -1,0 +1,100 @@
+"""HTTP plumbing shared by the protocol modules: bounded body reading, disconnects, JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from agent.errors import PayloadTooLargeError, RequestError
+
+T = TypeVar("T")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused as soon as it passes ``limit`` bytes (also once inflated)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError(f"body of {declared} bytes is over the limit of {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    encoding = request.headers.get("content-encoding", "identity").lower()
+    if encoding in ("gzip", "deflate"):
+        body = _inflate(body, encoding, limit)
+    elif encoding != "identity":
+        raise RequestError(
+            f"Content-Encoding {encoding!r} is not supported (gzip, deflate)",
+            field="Content-Encoding",
+        )
+    return body
+
+
+def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    # max_length bounds the output, so a small compressed bomb cannot exhaust memory
+    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise RequestError(
+            f"body is not valid {encoding} data: {exc}", field="Content-Encoding"
+        ) from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise PayloadTooLargeError(f"inflated body is over the limit of {limit} bytes")
+    return out
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its answer was ready."""
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``, but cancel it if the client disconnects first.
+
+    A cancelled inference is dropped from its batcher's queue if it has not run yet.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise ClientGone()
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY),
+        status_code=status,
+        headers=headers,
+        media_type="application/json",
+    )
+
+
+def server_timing(queue_s: float, compute_s: float, total_s: float) -> str:
+    """A ``Server-Timing`` header value, in milliseconds."""
+    parts = (("queue", queue_s), ("compute", compute_s), ("total", total_s))
+    return ", ".join(f"{name};dur={seconds * 1000:.3f}" for name, seconds in parts)

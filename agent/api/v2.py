@@ -1,0 +1,211 @@
+"""KServe V2 / Open Inference Protocol REST, with Triton's binary, classification, statistics,
+model configuration and schedule-policy extensions."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from agent import __version__
+from agent.api.state import ApiState
+from agent.api.transport import (
+    ClientGone,
+    json_response,
+    read_body,
+    server_timing,
+    until_disconnect,
+)
+from agent.api.v2_codec import decode_request, encode_response
+from agent.errors import RequestError
+from agent.inference.service import InferRequest
+from agent.inference.versions import LoadedVersion
+
+router = APIRouter(tags=["KServe V2"])
+
+EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "model_repository",
+    "schedule_policy",
+    "statistics",
+    "model_configuration",
+]
+_UNSUPPORTED_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
+
+
+def _state(request: Request) -> ApiState:
+    state: ApiState = request.app.state.api
+    return state
+
+
+@router.get("/v2/health/live", summary="Server liveness")
+async def live() -> Response:
+    return json_response({"live": True})
+
+
+@router.get("/v2/health/ready", summary="Server readiness: every selected model is ready")
+async def ready(request: Request) -> Response:
+    ok = _state(request).ready()
+    return json_response({"ready": ok}, status=200 if ok else 503)
+
+
+@router.get("/v2", summary="Server metadata")
+async def server_metadata() -> Response:
+    return json_response({"name": "edgefleet", "version": __version__, "extensions": EXTENSIONS})
+
+
+def _metadata(lv: LoadedVersion, versions: list[int]) -> dict[str, Any]:
+    def tensors(specs: Any) -> list[dict[str, Any]]:
+        return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in specs]
+
+    return {
+        "name": lv.model,
+        "versions": [str(v) for v in versions],
+        "platform": lv.platform,
+        "inputs": tensors(lv.signature.inputs),
+        "outputs": tensors(lv.signature.outputs),
+        "parameters": {
+            "placement": lv.placement.describe(),
+            "batched": lv.signature.batched,
+            "max_batch_size": lv.batcher.max_rows,
+        },
+    }
+
+
+@router.get("/v2/models/stats", summary="Statistics of every served model version")
+@router.get("/v2/models/{model_name}/stats", summary="Statistics of a model's served versions")
+@router.get(
+    "/v2/models/{model_name}/versions/{model_version}/stats", summary="Statistics of one version"
+)
+async def model_stats(
+    request: Request, model_name: str | None = None, model_version: str | None = None
+) -> Response:
+    state = _state(request)
+    if model_version is not None and model_name is not None:
+        versions = [state.service.resolve(model_name, model_version)]
+    elif model_name is not None:
+        state.service.resolve(model_name, None)
+        versions = list(state.manager.models[model_name].served.values())
+    else:
+        versions = [lv for e in state.manager.models.values() for lv in e.served.values()]
+    return json_response(
+        {"model_stats": [lv.stats.to_dict(lv.model, str(lv.version)) for lv in versions]}
+    )
+
+
+@router.get("/v2/models/{model_name}", summary="Model metadata (newest ready version)")
+@router.get("/v2/models/{model_name}/versions/{model_version}", summary="Model version metadata")
+async def model_metadata(
+    request: Request, model_name: str, model_version: str | None = None
+) -> Response:
+    lv = _state(request).service.resolve(model_name, model_version)
+    served = sorted(_state(request).manager.models[model_name].served)
+    return json_response(_metadata(lv, served))
+
+
+@router.get("/v2/models/{model_name}/ready", summary="Model readiness")
+@router.get(
+    "/v2/models/{model_name}/versions/{model_version}/ready", summary="Model version readiness"
+)
+async def model_ready(
+    request: Request, model_name: str, model_version: str | None = None
+) -> Response:
+    from agent.errors import ModelNotReadyError
+
+    try:
+        _state(request).service.resolve(model_name, model_version)
+    except ModelNotReadyError:
+        return json_response({"name": model_name, "ready": False}, status=503)
+    return json_response({"name": model_name, "ready": True})
+
+
+@router.get("/v2/models/{model_name}/config", summary="Model configuration (Triton extension)")
+@router.get(
+    "/v2/models/{model_name}/versions/{model_version}/config", summary="Model version configuration"
+)
+async def model_config(
+    request: Request, model_name: str, model_version: str | None = None
+) -> Response:
+    lv = _state(request).service.resolve(model_name, model_version)
+    doc = lv.config.model_dump(mode="json")
+    doc |= {
+        "name": lv.model,
+        "version": str(lv.version),
+        "platform": lv.platform,
+        "placement": lv.placement.model_dump(mode="json"),
+    }
+    return json_response(doc)
+
+
+@router.post("/v2/models/{model_name}/infer", summary="Inference")
+@router.post(
+    "/v2/models/{model_name}/versions/{model_version}/infer", summary="Inference on a version"
+)
+async def infer(request: Request, model_name: str, model_version: str | None = None) -> Response:
+    started = time.monotonic()
+    request.state.model, request.state.version = model_name, model_version
+    state = _state(request)
+    limits = state.settings
+    lv = state.service.resolve(model_name, model_version)
+    body = await read_body(request, limits.max_request_bytes)
+    header = request.headers.get("inference-header-content-length")
+    if header is not None and not header.strip().isdigit():
+        raise RequestError(
+            "Inference-Header-Content-Length must be a non-negative integer",
+            field="Inference-Header-Content-Length",
+        )
+    decoded = decode_request(
+        body,
+        int(header) if header is not None else None,
+        lv.signature,
+        max_elements=limits.max_tensor_elements,
+    )
+    params = decoded.parameters
+    for key in _UNSUPPORTED_PARAMETERS:
+        if key in params:
+            raise RequestError(
+                f"parameters.{key}: sequence batching is not supported", field=f"parameters.{key}"
+            )
+    priority, timeout = params.get("priority", 0), params.get("timeout")
+    if type(priority) is not int or priority < 0:
+        raise RequestError(
+            "parameters.priority must be a non-negative integer", field="parameters.priority"
+        )
+    if timeout is not None and (type(timeout) is not int or timeout < 0):
+        raise RequestError(
+            "parameters.timeout must be a non-negative integer of microseconds",
+            field="parameters.timeout",
+        )
+    infer_request = InferRequest(
+        model_name,
+        decoded.inputs,
+        model_version,
+        [o.name for o in decoded.outputs] if decoded.outputs is not None else None,
+        priority,
+        timeout,
+    )
+    try:
+        result = await until_disconnect(request, state.service.infer(infer_request))
+    except ClientGone:
+        return Response(status_code=499)
+    request_id = decoded.id if decoded.id is not None else request.state.request_id
+    payload, json_length = encode_response(
+        result.model,
+        result.version,
+        request_id,
+        result.outputs,
+        decoded.outputs,
+        decoded.binary_output_default,
+    )
+    total = time.monotonic() - started
+    request.state.model, request.state.version = result.model, result.version
+    request.state.queue_ms = round(result.queue_s * 1000, 3)
+    request.state.compute_ms = round(result.compute_s * 1000, 3)
+    headers = {"Server-Timing": server_timing(result.queue_s, result.compute_s, total)}
+    if json_length is None:
+        return Response(payload, headers=headers, media_type="application/json")
+    headers["Inference-Header-Content-Length"] = str(json_length)
+    return Response(payload, headers=headers, media_type="application/octet-stream")

@@ -1,0 +1,1 @@
+"""The agent's inference core: model lifecycle, batching, statistics. No transport here."""

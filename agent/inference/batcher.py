@@ -1,0 +1,395 @@
+"""The dynamic batcher of one model version.
+
+Requests wait in a bounded queue as decoded numpy arrays. When an executor instance is free,
+the scheduler takes the oldest request of the highest priority and adds the following requests
+whose non-batch shape matches, up to ``max_batch_size`` rows. The batch runs at once if it is
+full or of a preferred size, or once the oldest request has waited ``max_queue_delay_us``;
+otherwise the scheduler waits for more. Batches form only when an instance is free, so under
+load they grow by themselves (Triton forms batches the same way).
+
+Outputs are split back by rows after checking each output has the summed row count (the
+runtime does that check). A failing batch fails only its own requests. A request that
+times out in the queue is answered with :class:`DeadlineExceededError` and never run; one whose
+caller went away (its future cancelled) is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agent.errors import DeadlineExceededError, OverloadedError, ShuttingDownError
+from agent.model_config import BatchingConfig
+from runtimes.base import Runtime
+from runtimes.errors import InferenceFailedError, RuntimeFailure
+
+Arrays = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    outputs: Arrays
+    queue_s: float
+    compute_s: float
+    batch_rows: int
+
+
+BatchObserver = Callable[[int, float], None]
+"""Called after every executed batch with (rows, compute seconds)."""
+
+
+@dataclass(eq=False)
+class _Item:
+    inputs: Arrays
+    rows: int
+    key: tuple[object, ...]
+    priority: int
+    deadline: float | None
+    enqueued: float
+    future: asyncio.Future[ItemResult] = field(repr=False)
+
+
+def shape_key(inputs: Arrays, batched: bool) -> tuple[object, ...]:
+    """Requests share a batch only if every input's non-batch shape and dtype agree."""
+    skip = 1 if batched else 0
+    return tuple((name, a.shape[skip:], a.dtype.str) for name, a in sorted(inputs.items()))
+
+
+class Batcher:
+    def __init__(
+        self,
+        name: str,
+        runtimes: Sequence[Runtime],
+        config: BatchingConfig,
+        *,
+        batched: bool,
+        observer: BatchObserver | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.batched = batched and config.max_batch_size > 0
+        self.max_rows = config.max_batch_size if self.batched else 1
+        self._runtimes = list(runtimes)
+        self._executors = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-{i}")
+            for i in range(len(self._runtimes))
+        ]
+        self._observer = observer
+        self._queues: list[list[_Item]] = [[] for _ in range(config.priority_levels)]
+        self._pending = 0
+        self._free = list(range(len(self._runtimes)))
+        self._changed = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._running: set[asyncio.Task[None]] = set()
+        self._scheduler: asyncio.Task[None] | None = None
+        self._closed = False
+        self._last_delivered: asyncio.Future[None] | None = None
+        # Smoothed cost of a batch, for an honest Retry-After.
+        self._batch_s = 0.01
+        self._rows_per_batch = 1.0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._scheduler = asyncio.create_task(self._schedule(), name=f"batcher:{self.name}")
+
+    async def drain(self) -> None:
+        """Wait until nothing is queued or running."""
+        await self._idle.wait()
+
+    async def close(self) -> None:
+        """Fail whatever still waits, wait for running batches, release executors and runtimes."""
+        self._closed = True
+        if self._scheduler is not None:
+            self._scheduler.cancel()
+            await asyncio.gather(self._scheduler, return_exceptions=True)
+        for queue in self._queues:
+            for item in queue:
+                if not item.future.done():
+                    item.future.set_exception(ShuttingDownError(f"{self.name} was unloaded"))
+            queue.clear()
+        self._pending = 0
+        if self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+        for executor, runtime in zip(self._executors, self._runtimes, strict=True):
+            executor.submit(runtime.close)
+            executor.shutdown(wait=False)
+        self._idle.set()
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    # -- submission -----------------------------------------------------------------------
+
+    async def infer(
+        self, inputs: Arrays, rows: int, *, priority: int, timeout_s: float | None
+    ) -> ItemResult:
+        """Queue a (validated) request, splitting it if it has more rows than a batch holds."""
+        if rows <= self.max_rows or not self.batched:
+            futures = [self._submit(inputs, rows, priority, timeout_s)]
+        else:
+            pieces = range(0, rows, self.max_rows)
+            if self._pending + len(pieces) > self.config.max_queue_size:
+                raise self._overloaded()
+            futures = [
+                self._submit(
+                    {k: v[s : s + self.max_rows] for k, v in inputs.items()},
+                    min(self.max_rows, rows - s),
+                    priority,
+                    timeout_s,
+                )
+                for s in pieces
+            ]
+        try:
+            results = [await f for f in futures]
+        except BaseException:
+            for f in futures:
+                f.cancel()  # the scheduler drops cancelled requests that have not run
+            raise
+        if len(results) == 1:
+            return results[0]
+        outputs = {k: np.concatenate([r.outputs[k] for r in results]) for k in results[0].outputs}
+        return ItemResult(
+            outputs,
+            queue_s=max(r.queue_s for r in results),
+            compute_s=sum(r.compute_s for r in results),
+            batch_rows=max(r.batch_rows for r in results),
+        )
+
+    def _submit(
+        self, inputs: Arrays, rows: int, priority: int, timeout_s: float | None
+    ) -> asyncio.Future[ItemResult]:
+        if self._closed:
+            raise ShuttingDownError(f"{self.name} is unloading")
+        if self._pending >= self.config.max_queue_size:
+            raise self._overloaded()
+        now = time.monotonic()
+        item = _Item(
+            inputs,
+            rows,
+            shape_key(inputs, self.batched),
+            priority,
+            now + timeout_s if timeout_s else None,
+            now,
+            asyncio.get_running_loop().create_future(),
+        )
+        self._queues[priority - 1].append(item)
+        self._pending += 1
+        self._idle.clear()
+        self._changed.set()
+        return item.future
+
+    def _overloaded(self) -> OverloadedError:
+        rows_per_s = len(self._runtimes) * self._rows_per_batch / max(self._batch_s, 1e-6)
+        queued_rows = sum(i.rows for q in self._queues for i in q)
+        retry = max(1, math.ceil(queued_rows / max(rows_per_s, 1e-6)))
+        return OverloadedError(
+            f"model {self.name}: queue is full ({self.config.max_queue_size} requests waiting)",
+            retry_after_s=retry,
+        )
+
+    # -- scheduling -----------------------------------------------------------------------
+
+    async def _schedule(self) -> None:
+        """One loop per model version: expire, form a batch when an instance is free, or sleep
+        until something changes (a submission, a finished batch) or a deadline comes."""
+        while True:
+            now = time.monotonic()
+            self._expire(now)
+            batch = self._form_batch(now) if self._free else None
+            if batch is not None:
+                self._dispatch(self._free.pop(), batch)
+                continue
+            self._update_idle()
+            wake_at = self._next_wake()
+            self._changed.clear()
+            if wake_at is None:
+                await self._changed.wait()
+            else:
+                try:
+                    await asyncio.wait_for(self._changed.wait(), max(wake_at - now, 0))
+                except TimeoutError:
+                    pass
+
+    def _dispatch(self, instance: int, batch: list[_Item]) -> None:
+        prev, delivered = self._last_delivered, None
+        if self.config.preserve_ordering:
+            delivered = asyncio.get_running_loop().create_future()
+            self._last_delivered = delivered
+        task = asyncio.create_task(
+            self._execute(instance, batch, prev, delivered), name=f"batch:{self.name}"
+        )
+        self._running.add(task)
+        task.add_done_callback(self._batch_done)
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._update_idle()
+
+    def _update_idle(self) -> None:
+        if self._pending == 0 and not self._running:
+            self._idle.set()
+
+    def _form_batch(self, now: float) -> list[_Item] | None:
+        """The batch to run now, or None to wait for more requests (or for none at all)."""
+        head = next((q[0] for q in self._queues if q), None)
+        if head is None:
+            return None
+        candidates = self._candidates(head)
+        take: list[_Item] | None = None
+        if not self.batched or sum(i.rows for i in candidates) >= self.max_rows:
+            take = candidates
+        elif (preferred := self._preferred_prefix(candidates)) is not None:
+            take = preferred
+        elif now >= head.enqueued + self.config.max_queue_delay_us / 1e6:
+            take = candidates
+        if take is not None:
+            self._remove(take)
+        return take
+
+    def _next_wake(self) -> float | None:
+        """When the scheduler must look again without being woken: the oldest request's
+        batching delay (if an instance is free) or the earliest queue deadline."""
+        times = [i.deadline for q in self._queues for i in q if i.deadline is not None]
+        head = next((q[0] for q in self._queues if q), None)
+        if head is not None and self._free:
+            times.append(head.enqueued + self.config.max_queue_delay_us / 1e6)
+        return min(times) if times else None
+
+    def _candidates(self, head: _Item) -> list[_Item]:
+        """The head and the requests after it (by priority, then age) that fit with it."""
+        chosen, rows = [head], head.rows
+        if not self.batched:
+            return chosen
+        for queue in self._queues:
+            for item in queue:
+                if item is head or item.key != head.key:
+                    continue
+                if rows + item.rows > self.max_rows:
+                    return chosen
+                chosen.append(item)
+                rows += item.rows
+        return chosen
+
+    def _preferred_prefix(self, candidates: list[_Item]) -> list[_Item] | None:
+        preferred = set(self.config.preferred_batch_sizes)
+        if not preferred:
+            return None
+        best, rows = None, 0
+        for n, item in enumerate(candidates, 1):
+            rows += item.rows
+            if rows in preferred:
+                best = candidates[:n]
+        return best
+
+    def _remove(self, items: list[_Item]) -> None:
+        taken = {id(i) for i in items}
+        for level, queue in enumerate(self._queues):
+            if any(id(i) in taken for i in queue):
+                self._queues[level] = [i for i in queue if id(i) not in taken]
+        self._pending -= len(items)
+
+    def _expire(self, now: float) -> None:
+        """Answer requests past their deadline and drop those whose caller went away."""
+        for level, queue in enumerate(self._queues):
+            keep = []
+            for item in queue:
+                if item.future.cancelled():
+                    continue
+                if item.deadline is not None and now >= item.deadline:
+                    waited_ms = 1000 * (now - item.enqueued)
+                    item.future.set_exception(
+                        DeadlineExceededError(
+                            f"model {self.name}: request waited {waited_ms:.1f} ms in the queue, "
+                            f"past its timeout of {1000 * (item.deadline - item.enqueued):.1f} ms; "
+                            "it was not run"
+                        )
+                    )
+                    continue
+                keep.append(item)
+            if len(keep) != len(queue):
+                self._pending -= len(queue) - len(keep)
+                self._queues[level] = keep
+
+    # -- execution ------------------------------------------------------------------------
+
+    async def _execute(
+        self,
+        instance: int,
+        items: list[_Item],
+        prev: asyncio.Future[None] | None,
+        delivered: asyncio.Future[None] | None,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        live = [i for i in items if not i.future.done()]
+        try:
+            if not live:
+                return
+            if len(live) == 1:
+                inputs = live[0].inputs
+            else:
+                inputs = {k: np.concatenate([i.inputs[k] for i in live]) for k in live[0].inputs}
+            started = time.monotonic()
+            try:
+                outputs = await loop.run_in_executor(
+                    self._executors[instance], self._runtimes[instance].infer, inputs
+                )
+                error: BaseException | None = None
+            except RuntimeFailure as exc:
+                outputs, error = {}, exc
+            except Exception as exc:  # a backend bug must not take the server down
+                outputs, error = {}, InferenceFailedError(f"{self.name}: {exc!r}")
+            compute_s = time.monotonic() - started
+            rows = sum(i.rows for i in live)
+            self._learn(rows, compute_s)
+            if self._observer is not None:
+                self._observer(rows, compute_s)
+            if prev is not None:
+                await asyncio.shield(prev)  # preserve_ordering: earlier batches answer first
+            self._deliver(live, outputs, error, started, compute_s, rows)
+        finally:
+            self._free.append(instance)
+            self._changed.set()
+            if delivered is not None and not delivered.done():
+                delivered.set_result(None)
+
+    def _deliver(
+        self,
+        items: list[_Item],
+        outputs: Arrays,
+        error: BaseException | None,
+        started: float,
+        compute_s: float,
+        rows: int,
+    ) -> None:
+        offset = 0
+        for item in items:
+            if item.future.done():  # cancelled while running: nobody to answer
+                offset += item.rows
+                continue
+            if error is not None:
+                item.future.set_exception(error)
+                continue
+            part = (
+                outputs
+                if len(items) == 1
+                else {k: v[offset : offset + item.rows] for k, v in outputs.items()}
+            )
+            offset += item.rows
+            item.future.set_result(ItemResult(part, started - item.enqueued, compute_s, rows))
+
+    def _learn(self, rows: int, compute_s: float) -> None:
+        self._batch_s += 0.2 * (compute_s - self._batch_s)
+        self._rows_per_batch += 0.2 * (rows - self._rows_per_batch)

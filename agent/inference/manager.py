@@ -1,0 +1,358 @@
+"""Model lifecycle: load, warm, switch atomically, drain and close; the memory budget.
+
+A model serves the versions its version policy selects. ``load(model)`` re-reads the model's
+directory and config, loads and warms what is new, then swaps the served set in one
+assignment, so new requests see either the old set or the new one. Versions that drop out
+finish the requests already routed to them before they are closed. If anything new fails to
+load or warm, the served set is left as it was and the failure is recorded and raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent.errors import LoadError, MemoryBudgetError, ModelNotFoundError, ModelNotReadyError
+from agent.inference.batcher import Batcher, BatchObserver
+from agent.inference.stats import VersionStats
+from agent.inference.versions import (
+    LoadedVersion,
+    RuntimeFactory,
+    VersionState,
+    VersionStatus,
+    estimate_memory_bytes,
+    open_instances,
+    warm_up,
+)
+from agent.model_config import ModelConfig, ModelConfigError, load_model_config, version_dirs
+from runtimes.backends import open_model
+from runtimes.errors import RuntimeFailure
+from runtimes.formats import find_model_file
+from runtimes.hardware.context import HardwareContext
+from runtimes.settings import RuntimeSettings
+
+if TYPE_CHECKING:
+    from agent.metrics import AgentMetrics
+
+log = logging.getLogger("edgefleet.agent.models")
+
+
+@dataclass
+class ModelEntry:
+    name: str
+    config: ModelConfig = field(default_factory=ModelConfig)
+    served: dict[int, LoadedVersion] = field(default_factory=dict)
+    """Versions taking requests; replaced as a whole on every switch."""
+    status: dict[int, VersionStatus] = field(default_factory=dict)
+    error: str = ""
+    """Why the model as a whole cannot load (bad config, no versions)."""
+
+    @property
+    def default_version(self) -> LoadedVersion | None:
+        return self.served[max(self.served)] if self.served else None
+
+
+class ModelManager:
+    def __init__(
+        self,
+        repository: Path,
+        hardware: HardwareContext,
+        runtime_settings: RuntimeSettings,
+        *,
+        cpu_count: int,
+        metrics: AgentMetrics | None = None,
+        runtime_factory: RuntimeFactory = open_model,
+    ) -> None:
+        self.repository = repository
+        self.hardware = hardware
+        self.runtime_settings = runtime_settings
+        self.cpu_count = cpu_count
+        self.models: dict[str, ModelEntry] = {}
+        self._load_lock = asyncio.Lock()  # loads are rare; one at a time keeps memory honest
+        self._retiring: set[asyncio.Task[None]] = set()
+        self.metrics = metrics
+        self.runtime_factory = runtime_factory
+
+    # -- queries --------------------------------------------------------------------------
+
+    def resolve(self, model: str, version: str | None = None) -> LoadedVersion:
+        """The version that answers a request: the one named, or the newest served."""
+        entry = self.models.get(model)
+        if entry is None:
+            raise ModelNotFoundError(f"unknown model {model!r}", field="model_name")
+        if version is None or version == "":
+            found = entry.default_version
+            if found is None:
+                raise ModelNotReadyError(f"model {model!r} has no ready version" + _why(entry))
+            return found
+        if not version.isdigit():
+            raise ModelNotFoundError(
+                f"model {model!r} has no version {version!r}", field="model_version"
+            )
+        number = int(version)
+        if number in entry.served:
+            return entry.served[number]
+        status = entry.status.get(number)
+        if status is None:
+            raise ModelNotFoundError(
+                f"model {model!r} has no version {version}", field="model_version"
+            )
+        reason = f": {status.reason}" if status.reason else ""
+        raise ModelNotReadyError(
+            f"model {model!r} version {version} is {status.state.value}{reason}"
+        )
+
+    def ready(self) -> bool:
+        return bool(self.models) and all(e.served for e in self.models.values())
+
+    def used_memory_bytes(self) -> int:
+        return sum(v.memory_bytes for e in self.models.values() for v in e.served.values())
+
+    def index(self) -> list[dict[str, str]]:
+        """Every model in the repository and every version known, with state and reason."""
+        rows = []
+        names = set(self.models) | set(self._repository_models())
+        for name in sorted(names):
+            entry = self.models.get(name)
+            if entry is None:
+                rows.append(
+                    {"name": name, "version": "", "state": "UNAVAILABLE", "reason": "unloaded"}
+                )
+                continue
+            if not entry.status:
+                rows.append(
+                    {"name": name, "version": "", "state": "UNAVAILABLE", "reason": entry.error}
+                )
+            for version, status in sorted(entry.status.items()):
+                rows.append(
+                    {
+                        "name": name,
+                        "version": str(version),
+                        "state": status.state.value,
+                        "reason": status.reason,
+                    }
+                )
+        return rows
+
+    def _repository_models(self) -> list[str]:
+        if not self.repository.is_dir():
+            return []
+        return sorted(
+            p.name for p in self.repository.iterdir() if p.is_dir() and not p.name.startswith(".")
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def load_all(self) -> None:
+        """Load every model of the repository; failures are recorded, the rest serve."""
+        for name in self._repository_models():
+            try:
+                await self.load(name)
+            except (LoadError, ModelNotFoundError) as exc:
+                log.error("model failed to load", extra={"model": name, "reason": str(exc)})
+
+    async def load(self, model: str) -> ModelEntry:
+        """(Re)load ``model`` from the repository and switch to what its policy selects."""
+        async with self._load_lock:
+            return await self._load(model)
+
+    async def _load(self, model: str) -> ModelEntry:
+        model_dir = self.repository / model
+        if not model_dir.is_dir() or model.startswith(".") or "/" in model:
+            raise ModelNotFoundError(f"no model {model!r} in the repository {self.repository}")
+        entry = self.models.setdefault(model, ModelEntry(model))
+        try:
+            config = load_model_config(model_dir)
+            versions = {int(p.name): p for p in version_dirs(model_dir)}
+        except (ModelConfigError, OSError) as exc:
+            entry.error = str(exc)
+            raise LoadError(f"model {model!r}: {exc}") from exc
+        wanted = config.version_policy.select(list(versions))
+        if not wanted:
+            entry.error = f"no version directory of {model_dir} matches the version policy"
+            raise LoadError(f"model {model!r}: {entry.error}")
+        entry.error = ""
+        keep = {v: lv for v, lv in entry.served.items() if v in wanted and lv.config == config}
+        fresh: dict[int, LoadedVersion] = {}
+        try:
+            for version in wanted:
+                if version not in keep:
+                    fresh[version] = await self._load_version(
+                        entry, version, versions[version], config
+                    )
+        except LoadError:
+            for lv in fresh.values():  # all or nothing: drop what this attempt loaded
+                if lv.version in entry.served:
+                    entry.status[lv.version] = VersionStatus(VersionState.READY)
+                else:
+                    entry.status.pop(lv.version, None)
+                await lv.batcher.close()
+            raise
+        old = entry.served
+        entry.served = {**keep, **fresh}  # the switch: one assignment
+        entry.config = config
+        for version in fresh:
+            entry.status[version] = VersionStatus(VersionState.READY)
+        for version, lv in old.items():
+            if entry.served.get(version) is not lv:
+                self._retire(entry, lv)
+        return entry
+
+    async def _load_version(
+        self, entry: ModelEntry, version: int, version_dir: Path, config: ModelConfig
+    ) -> LoadedVersion:
+        name = f"{entry.name}:{version}"
+        previous = entry.status.get(version)
+        entry.status[version] = VersionStatus(VersionState.LOADING)
+        try:
+            model_file, fmt = find_model_file(version_dir)
+            plan = self.hardware.plan(entry.name, fmt, config.placement)
+            await self._make_room(entry.name, estimate_memory_bytes(version_dir, config), name)
+            started = time.monotonic()
+            runtimes, rss_added = await asyncio.to_thread(
+                open_instances,
+                model_file,
+                plan.placement,
+                self.runtime_settings,
+                config,
+                self.cpu_count,
+                self.runtime_factory,
+            )
+            try:
+                await asyncio.to_thread(warm_up, runtimes, version_dir, config)
+            except BaseException:
+                for rt in runtimes:
+                    rt.close()
+                raise
+            load_s = time.monotonic() - started
+        except (RuntimeFailure, LoadError) as exc:
+            reason = str(exc)
+            # A version that was serving keeps its READY status; the failure is the new one's.
+            if version in entry.served and previous is not None:
+                entry.status[version] = previous
+            else:
+                entry.status[version] = VersionStatus(VersionState.UNAVAILABLE, reason)
+            log.error(
+                "version failed to load",
+                extra={"model": entry.name, "version": version, "reason": reason},
+            )
+            if isinstance(exc, LoadError):
+                raise
+            raise LoadError(f"model {entry.name!r} version {version}: {reason}") from exc
+        stats = VersionStats()
+        observer: BatchObserver = stats.record_batch
+        if self.metrics is not None:
+            observer = self.metrics.batch_observer(entry.name, str(version), stats)
+        lv = LoadedVersion(
+            model=entry.name,
+            version=version,
+            config=config,
+            placement=plan.placement,
+            format=fmt,
+            model_file=model_file,
+            signature=runtimes[0].signature,
+            batcher=Batcher(
+                name,
+                runtimes,
+                config.batching,
+                batched=runtimes[0].signature.batched,
+                observer=observer,
+            ),
+            # RSS growth undercounts memory-mapped weights; never account less than the files.
+            memory_bytes=max(rss_added, estimate_memory_bytes(version_dir, config) // 2),
+            load_s=load_s,
+            stats=stats,
+        )
+        lv.batcher.start()
+        log.info(
+            "version loaded",
+            extra={
+                "model": entry.name,
+                "version": version,
+                "placement": plan.placement.describe(),
+                "load_s": round(load_s, 3),
+            },
+        )
+        return lv
+
+    async def _make_room(self, model: str, needed: int, name: str) -> None:
+        budget = self.hardware.memory_budget_bytes
+        if budget is None or self.used_memory_bytes() + needed <= budget:
+            return
+        victims = sorted(
+            (
+                e
+                for e in self.models.values()
+                if e.name != model
+                and e.config.evictable
+                and e.served
+                and all(v.idle for v in e.served.values())
+            ),
+            key=lambda e: max(v.last_used for v in e.served.values()),
+        )
+        for entry in victims:
+            log.warning("evicting idle model for memory", extra={"model": entry.name, "for": name})
+            await self._unload(entry)
+            if self.used_memory_bytes() + needed <= budget:
+                return
+        in_use = (
+            ", ".join(
+                f"{e.name} {sum(v.memory_bytes for v in e.served.values()) / 2**20:.0f} MiB"
+                for e in self.models.values()
+                if e.served
+            )
+            or "nothing"
+        )
+        raise MemoryBudgetError(
+            f"loading {name} needs about {needed / 2**20:.0f} MiB but the memory budget of profile "
+            f"{self.hardware.profile.name} is {budget / 2**20:.0f} MiB with "
+            f"{self.used_memory_bytes() / 2**20:.0f} MiB in use ({in_use}); mark idle models "
+            "evictable or raise the budget"
+        )
+
+    def _retire(self, entry: ModelEntry, lv: LoadedVersion) -> None:
+        if entry.served.get(lv.version) is None:
+            entry.status[lv.version] = VersionStatus(VersionState.UNLOADING)
+
+        async def retire() -> None:
+            await lv.retire()
+            if lv.version not in entry.served:
+                entry.status.pop(lv.version, None)
+            log.info("version closed", extra={"model": entry.name, "version": lv.version})
+
+        task = asyncio.create_task(retire(), name=f"retire:{entry.name}:{lv.version}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def unload(self, model: str) -> None:
+        async with self._load_lock:
+            entry = self.models.get(model)
+            if entry is None:
+                raise ModelNotFoundError(f"model {model!r} is not loaded")
+            await self._unload(entry)
+
+    async def _unload(self, entry: ModelEntry) -> None:
+        old, entry.served = entry.served, {}
+        for lv in old.values():
+            self._retire(entry, lv)
+        del self.models[entry.name]
+        await asyncio.gather(*self._retiring, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Drain and close every version (after the server stopped taking requests)."""
+        for entry in list(self.models.values()):
+            old, entry.served = entry.served, {}
+            for lv in old.values():
+                self._retire(entry, lv)
+        await asyncio.gather(*self._retiring, return_exceptions=True)
+
+
+def _why(entry: ModelEntry) -> str:
+    reasons = [s.reason for s in entry.status.values() if s.reason] or (
+        [entry.error] if entry.error else []
+    )
+    return f" ({reasons[-1]})" if reasons else ""

@@ -1,0 +1,79 @@
+"""Cumulative per-version statistics in the shape of Triton's statistics extension.
+
+Cumulative ``{count, ns}`` pairs let a client compute averages between two samples.
+NOTE: https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_statistics.md
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, seconds: float, count: int = 1) -> None:
+        self.count += count
+        self.ns += int(seconds * 1e9)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class BatchSizeStats:
+    compute_infer: Duration = field(default_factory=Duration)
+
+
+@dataclass
+class VersionStats:
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    inference_count: int = 0
+    """Rows inferred (a request of 4 rows counts 4)."""
+    execution_count: int = 0
+    """Batches run."""
+    last_inference_ms: int = 0
+    fail_by_reason: dict[str, int] = field(default_factory=dict)
+    batch_sizes: dict[int, BatchSizeStats] = field(default_factory=dict)
+
+    def record_batch(self, rows: int, compute_s: float) -> None:
+        self.execution_count += 1
+        self.inference_count += rows
+        self.batch_sizes.setdefault(rows, BatchSizeStats()).compute_infer.add(compute_s)
+        self.last_inference_ms = int(time.time() * 1000)  # wall clock: it is a timestamp
+
+    def record_success(self, total_s: float, queue_s: float, compute_s: float) -> None:
+        self.success.add(total_s)
+        self.queue.add(queue_s)
+        self.compute_infer.add(compute_s)
+
+    def record_failure(self, total_s: float, reason: str) -> None:
+        self.fail.add(total_s)
+        self.fail_by_reason[reason] = self.fail_by_reason.get(reason, 0) + 1
+
+    def to_dict(self, name: str, version: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "version": version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.to_dict(),
+                "fail": self.fail.to_dict(),
+                "queue": self.queue.to_dict(),
+                "compute_infer": self.compute_infer.to_dict(),
+            },
+            "fail_by_reason": dict(self.fail_by_reason),
+            "batch_stats": [
+                {"batch_size": size, "compute_infer": s.compute_infer.to_dict()}
+                for size, s in sorted(self.batch_sizes.items())
+            ],
+        }

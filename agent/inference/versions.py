@@ -1,0 +1,158 @@
+"""One loaded model version: its runtimes (one per instance), batcher and statistics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from agent.errors import LoadError
+from agent.inference.batcher import Batcher
+from agent.inference.stats import VersionStats
+from agent.model_config import ModelConfig
+from runtimes.backends import open_model
+from runtimes.base import Placement, Runtime
+from runtimes.datatypes import numpy_dtype
+from runtimes.errors import RuntimeFailure
+from runtimes.formats import ModelFormat
+from runtimes.golden import GOLDEN_FILE, GoldenSample
+from runtimes.settings import RuntimeSettings
+from runtimes.signature import DYNAMIC, ModelSignature, TensorSpec
+
+
+class VersionState(StrEnum):
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass
+class VersionStatus:
+    state: VersionState
+    reason: str = ""
+
+
+@dataclass(eq=False)
+class LoadedVersion:
+    model: str
+    version: int
+    config: ModelConfig
+    placement: Placement
+    format: ModelFormat
+    model_file: Path
+    signature: ModelSignature
+    batcher: Batcher
+    memory_bytes: int
+    load_s: float
+    stats: VersionStats = field(default_factory=VersionStats)
+    inflight: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+    _released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def platform(self) -> str:
+        return f"{self.placement.runtime}_{self.format.value}"
+
+    def acquire(self) -> None:
+        self.inflight += 1
+        self.last_used = time.monotonic()
+        self._released.clear()
+
+    def release(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._released.set()
+
+    @property
+    def idle(self) -> bool:
+        return self.inflight == 0 and self.batcher.pending == 0 and self.batcher.running == 0
+
+    async def retire(self) -> None:
+        """Let requests already routed here finish, then close the runtimes."""
+        if self.inflight:
+            await self._released.wait()
+        await self.batcher.drain()
+        await self.batcher.close()
+
+
+def estimate_memory_bytes(version_dir: Path, config: ModelConfig) -> int:
+    """What loading is expected to cost, for the memory budget: the configured figure, or
+    twice the model files (runtimes keep the weights plus working buffers) per instance."""
+    if config.memory_mb is not None:
+        return config.memory_mb * 2**20 * config.instances
+    files = sum(
+        p.stat().st_size for p in version_dir.iterdir() if p.is_file() and p.name != GOLDEN_FILE
+    )
+    return 2 * files * config.instances
+
+
+RuntimeFactory = Callable[[Path, Placement, RuntimeSettings], Runtime]
+"""Creates and loads one runtime instance; :func:`runtimes.backends.open_model` in production."""
+
+
+def open_instances(
+    model_file: Path,
+    placement: Placement,
+    settings: RuntimeSettings,
+    config: ModelConfig,
+    cpu_count: int,
+    factory: RuntimeFactory = open_model,
+) -> tuple[list[Runtime], int]:
+    """Load one runtime per instance (blocking), splitting CPU threads between them.
+
+    Returns the runtimes and the resident memory they added.
+    """
+    if config.instances > 1 and settings.intra_op_threads == 0:
+        threads = max(1, cpu_count // config.instances)
+        settings = settings.model_copy(update={"intra_op_threads": threads})
+    rss_before = psutil.Process().memory_info().rss
+    runtimes: list[Runtime] = []
+    try:
+        for _ in range(config.instances):
+            runtimes.append(factory(model_file, placement, settings))
+    except BaseException:
+        for rt in runtimes:
+            rt.close()
+        raise
+    return runtimes, max(0, psutil.Process().memory_info().rss - rss_before)
+
+
+def warm_up(runtimes: list[Runtime], version_dir: Path, config: ModelConfig) -> None:
+    """Run the golden sample (or, without one, zeros of batch 1) through every instance.
+
+    Raises:
+        LoadError: the golden output does not match, or a golden file is required and absent.
+    """
+    golden_path = version_dir / GOLDEN_FILE
+    if config.warmup.golden and golden_path.is_file():
+        golden = GoldenSample.load(golden_path)
+        for i, runtime in enumerate(runtimes):
+            try:
+                problems = golden.mismatches(runtime.infer(golden.inputs))
+            except RuntimeFailure as exc:
+                raise LoadError(f"self-test failed on instance {i}: {exc}") from exc
+            if problems:
+                raise LoadError(f"self-test failed on instance {i}: " + "; ".join(problems))
+        return
+    if config.warmup.require_golden:
+        raise LoadError(f"no {GOLDEN_FILE} in {version_dir}, and warmup.require_golden is set")
+    zeros = {t.name: _zeros(t) for t in runtimes[0].signature.inputs}
+    try:
+        for runtime in runtimes:
+            runtime.infer(zeros)
+    except RuntimeFailure as exc:
+        raise LoadError(f"warm-up with zeros failed: {exc}") from exc
+
+
+def _zeros(spec: TensorSpec) -> np.ndarray:
+    shape = [1 if d == DYNAMIC else d for d in spec.shape]
+    if spec.datatype == "BYTES":
+        return np.full(shape, b"", dtype=object)
+    return np.zeros(shape, dtype=numpy_dtype(spec.datatype))

@@ -1,0 +1,110 @@
+"""The agent's composition root: build settings, wire the parts, serve."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import stat
+from pathlib import Path
+
+import uvicorn
+
+from agent.accelerators import AcceleratorProbe
+from agent.api.app import create_app
+from agent.api.state import ApiState
+from agent.inference.manager import ModelManager
+from agent.inference.service import InferenceService
+from agent.inference.versions import RuntimeFactory
+from agent.logs import configure_logging
+from agent.metrics import AgentMetrics
+from agent.settings import AgentSettings
+from runtimes.backends import open_model
+from runtimes.hardware.context import HardwareContext
+
+log = logging.getLogger("edgefleet.agent")
+
+
+def build_state(
+    settings: AgentSettings,
+    hardware: HardwareContext | None = None,
+    runtime_factory: RuntimeFactory = open_model,
+) -> ApiState:
+    """Wire the agent. ``runtime_factory`` is the seam tests use to wrap runtimes."""
+    hardware = hardware or HardwareContext.detect(
+        root=settings.hardware_root, profiles_dir=settings.profiles_dir, profile=settings.profile
+    )
+    metrics = AgentMetrics(
+        hourly_cost=settings.device_hourly_cost,
+        accelerators=AcceleratorProbe(settings.hardware_root),
+    )
+    cpu_count = hardware.facts.cpu_count or os.cpu_count() or 1
+    manager = ModelManager(
+        settings.model_repository,
+        hardware,
+        settings.runtime,
+        cpu_count=cpu_count,
+        metrics=metrics,
+        runtime_factory=runtime_factory,
+    )
+    metrics.bind(manager)
+    service = InferenceService(manager, metrics, max_rows_per_request=settings.max_rows_per_request)
+    log.info(
+        "hardware profile", extra={"profile": hardware.profile.name, "forced": hardware.forced}
+    )
+    return ApiState(service, manager, metrics, settings)
+
+
+def bind_socket(settings: AgentSettings) -> socket.socket:
+    """Bind before serving, so the Unix socket gets its permissions before anyone connects
+    and a port of 0 is known to the caller."""
+    if settings.uds is not None:
+        path = settings.uds
+        if path.exists() and stat.S_ISSOCK(path.stat().st_mode):
+            path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)  # never world-accessible, not even for an instant
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, settings.uds_mode)
+    else:
+        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((settings.host, settings.port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def server_config(settings: AgentSettings, state: ApiState) -> uvicorn.Config:
+    return uvicorn.Config(
+        create_app(state),
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s) or None,
+        timeout_keep_alive=int(settings.keep_alive_s),
+        server_header=False,
+    )
+
+
+def run(settings: AgentSettings) -> None:
+    configure_logging(settings.log_level)
+    state = build_state(settings)
+    sock = bind_socket(settings)
+    where = str(settings.uds) if settings.uds else "http://{}:{}".format(*sock.getsockname()[:2])
+    log.info(
+        "agent listening", extra={"address": where, "repository": str(settings.model_repository)}
+    )
+    server = uvicorn.Server(server_config(settings, state))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        if settings.uds is not None:
+            Path(settings.uds).unlink(missing_ok=True)

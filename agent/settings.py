@@ -1,0 +1,97 @@
+"""The agent's settings: defaults, then an optional TOML file, then ``EDGEFLEET_AGENT_*``
+environment variables (``__`` for nesting), then command-line flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from runtimes.settings import RuntimeSettings
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="EDGEFLEET_AGENT_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+    )
+
+    model_repository: Path = Path("models")
+    """Directory of models: <model>/<version>/<file>, optional <model>/config.toml."""
+
+    host: str = "127.0.0.1"
+    """Address to listen on. Loopback by default: expose the endpoint on purpose."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """TCP port; 0 picks a free one."""
+    uds: Path | None = None
+    """Listen on this Unix socket instead of TCP."""
+    uds_mode: int = 0o660
+    """File permissions of the Unix socket."""
+
+    profile: str = "auto"
+    """Hardware profile name, or auto to detect it."""
+    profiles_dir: Path | None = None
+    """Directory of hardware profile TOML files (default: the shipped ones)."""
+    hardware_root: Path = Path("/")
+    """Root of /proc, /sys, /dev and /etc for detection (tests point it at a fake tree)."""
+
+    runtime: RuntimeSettings = RuntimeSettings()
+    """Runtime tuning: threads, graph optimisation, compiled-model cache, OpenVINO hints."""
+
+    max_request_bytes: int = Field(default=64 * 2**20, gt=0)
+    """Largest request body accepted, after decompression."""
+    max_tensor_elements: int = Field(default=16 * 2**20, gt=0)
+    """Largest number of elements in one input tensor."""
+    max_rows_per_request: int = Field(default=4096, gt=0)
+    """Most rows (batch dimension) in one request."""
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    """On SIGTERM, how long in-flight requests may take to finish."""
+    keep_alive_s: float = Field(default=5.0, gt=0)
+    """Idle keep-alive time of a client connection."""
+
+    strict_readiness: bool = True
+    """Ready only when every model of the repository serves (Triton's default)."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    access_log: bool = True
+    """Log every request (failures are logged regardless)."""
+    device_hourly_cost: float | None = Field(default=None, ge=0)
+    """Cost of the device per hour, for the cost-per-1000-predictions metric."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+
+def load_settings(config_file: Path | None = None, **overrides: object) -> AgentSettings:
+    """Build settings; ``overrides`` (command-line flags) win over the environment and file.
+
+    Raises:
+        FileNotFoundError: ``config_file`` was given and does not exist.
+    """
+    cls = AgentSettings
+    if config_file is not None:
+        if not config_file.is_file():
+            raise FileNotFoundError(f"settings file {config_file} does not exist")
+
+        class FileSettings(AgentSettings):
+            model_config = SettingsConfigDict(toml_file=config_file)
+
+        cls = FileSettings
+    return cls(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
