@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import socket
 import stat
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
@@ -79,6 +83,25 @@ def bind_socket(settings: AgentSettings) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Handle SIGINT/SIGTERM as uvicorn does, without raising the signal again afterwards:
+        uvicorn re-raises it so the process dies by the signal, but a clean shutdown on SIGTERM
+        is a success (exit 0) for systemd and Kubernetes."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {
+            sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
 def server_config(settings: AgentSettings, state: ApiState) -> uvicorn.Config:
     return uvicorn.Config(
         create_app(state),
@@ -101,7 +124,7 @@ def run(settings: AgentSettings) -> None:
     log.info(
         "agent listening", extra={"address": where, "repository": str(settings.model_repository)}
     )
-    server = uvicorn.Server(server_config(settings, state))
+    server = _Server(server_config(settings, state))
     try:
         server.run(sockets=[sock])
     finally:

@@ -26,8 +26,9 @@ class GoldenSample:
     extra: dict[str, str] = field(default_factory=dict)
 
     def save(self, path: Path) -> None:
-        arrays: dict[str, np.ndarray] = {f"input:{k}": v for k, v in self.inputs.items()}
-        arrays |= {f"output:{k}": v for k, v in self.outputs.items()}
+        # BYTES (object) arrays are stored as fixed-width bytes: npz must not need pickle.
+        arrays = {f"input:{k}": _storable(v) for k, v in self.inputs.items()}
+        arrays |= {f"output:{k}": _storable(v) for k, v in self.outputs.items()}
         arrays["rtol"] = np.array(self.rtol)
         arrays["atol"] = np.array(self.atol)
         with path.open("wb") as fh:
@@ -37,8 +38,8 @@ class GoldenSample:
     def load(cls, path: Path) -> GoldenSample:
         try:
             with np.load(path, allow_pickle=False) as data:
-                inputs = {k[6:]: data[k] for k in data.files if k.startswith("input:")}
-                outputs = {k[7:]: data[k] for k in data.files if k.startswith("output:")}
+                inputs = {k[6:]: _loaded(data[k]) for k in data.files if k.startswith("input:")}
+                outputs = {k[7:]: _loaded(data[k]) for k in data.files if k.startswith("output:")}
                 rtol = float(data["rtol"]) if "rtol" in data.files else 1e-4
                 atol = float(data["atol"]) if "atol" in data.files else 1e-4
         except (OSError, ValueError, KeyError) as exc:
@@ -58,6 +59,9 @@ class GoldenSample:
                 problems.append(
                     f"output {name!r} has shape {list(got.shape)}, expected {list(expected.shape)}"
                 )
+            elif expected.dtype == object:
+                if not np.array_equal(got, expected):
+                    problems.append(f"output {name!r} differs: {got.tolist()!r}")
             elif not np.allclose(got, expected, rtol=self.rtol, atol=self.atol):
                 worst = float(np.max(np.abs(got.astype(np.float64) - expected)))
                 problems.append(
@@ -65,3 +69,18 @@ class GoldenSample:
                     f"(rtol={self.rtol}, atol={self.atol})"
                 )
         return problems
+
+
+def _storable(array: np.ndarray) -> np.ndarray:
+    if array.dtype == object:
+        return np.array([x if isinstance(x, bytes) else str(x).encode() for x in array.reshape(-1)],
+                        dtype=np.bytes_).reshape(array.shape)  # fmt: skip
+    return array
+
+
+def _loaded(array: np.ndarray) -> np.ndarray:
+    if array.dtype.kind == "S":
+        out = np.empty(array.shape, dtype=object)
+        out.reshape(-1)[:] = [bytes(x) for x in array.reshape(-1)]
+        return out
+    return array

@@ -157,6 +157,7 @@ class Batcher:
         except BaseException:
             for f in futures:
                 f.cancel()  # the scheduler drops cancelled requests that have not run
+            self._changed.set()
             raise
         if len(results) == 1:
             return results[0]

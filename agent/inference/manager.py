@@ -24,6 +24,7 @@ from agent.inference.versions import (
     RuntimeFactory,
     VersionState,
     VersionStatus,
+    accounted_memory_bytes,
     estimate_memory_bytes,
     open_instances,
     warm_up,
@@ -262,8 +263,7 @@ class ModelManager:
                 batched=runtimes[0].signature.batched,
                 observer=observer,
             ),
-            # RSS growth undercounts memory-mapped weights; never account less than the files.
-            memory_bytes=max(rss_added, estimate_memory_bytes(version_dir, config) // 2),
+            memory_bytes=accounted_memory_bytes(version_dir, config, rss_added),
             load_s=load_s,
             stats=stats,
         )

@@ -97,6 +97,15 @@ RuntimeFactory = Callable[[Path, Placement, RuntimeSettings], Runtime]
 """Creates and loads one runtime instance; :func:`runtimes.backends.open_model` in production."""
 
 
+def accounted_memory_bytes(version_dir: Path, config: ModelConfig, rss_added: int) -> int:
+    """What a loaded version counts against the budget: the configured figure if given,
+    else what loading added to the process, but never less than the model files (RSS growth
+    misses memory-mapped weights)."""
+    if config.memory_mb is not None:
+        return config.memory_mb * 2**20 * config.instances
+    return max(rss_added, estimate_memory_bytes(version_dir, config) // 2)
+
+
 def open_instances(
     model_file: Path,
     placement: Placement,

@@ -138,14 +138,39 @@ class OnnxRuntimeBackend(Runtime):
         return model_file, (Path(scratch), cached)
 
     def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        # NOTE: ONNX Runtime's Python binding takes and gives string tensors as str; the
+        # project's BYTES tensors are object arrays of bytes.
+        feed = {k: _bytes_to_strings(k, v) if v.dtype == object else v for k, v in inputs.items()}
         try:
-            results = self._session.run(self._output_names, dict(inputs))
+            results = self._session.run(self._output_names, feed)
         except Exception as exc:
             raise InferenceFailedError(f"onnxruntime: {_message(exc)}") from exc
-        return dict(zip(self._output_names, results, strict=True))
+        return {
+            name: _strings_to_bytes(r) if r.dtype == object else r
+            for name, r in zip(self._output_names, results, strict=True)
+        }
 
     def _close(self) -> None:
         self._session = None
+
+
+def _bytes_to_strings(name: str, array: np.ndarray) -> np.ndarray:
+    out = np.empty(array.shape, dtype=object)
+    try:
+        for index, value in np.ndenumerate(array):
+            out[index] = value.decode() if isinstance(value, bytes) else str(value)
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(
+            f"input {name!r}: onnxruntime string tensors must be UTF-8 ({exc})", field=name
+        ) from None
+    return out
+
+
+def _strings_to_bytes(array: np.ndarray) -> np.ndarray:
+    out = np.empty(array.shape, dtype=object)
+    for index, value in np.ndenumerate(array):
+        out[index] = value.encode() if isinstance(value, str) else value
+    return out
 
 
 def _spec(arg: Any) -> TensorSpec:

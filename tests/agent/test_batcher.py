@@ -1,0 +1,193 @@
+"""The batcher on its own, with fake runtimes (our interface, no backend): shape grouping,
+error isolation, preferred sizes, row checks, closing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.errors import ShuttingDownError
+from agent.inference.batcher import Batcher
+from agent.model_config import BatchingConfig
+from runtimes.base import Placement, Runtime
+from runtimes.errors import InferenceFailedError
+from runtimes.signature import ModelSignature, TensorSpec
+
+
+class EchoRuntime(Runtime):
+    """Doubles its input; takes [N, D] with D dynamic; records batch shapes; can be held."""
+
+    name = "onnxruntime"
+    formats = frozenset()
+
+    def __init__(self, fail_on_negative: bool = False, wrong_rows: bool = False) -> None:
+        super().__init__()
+        self.batches: list[tuple[int, ...]] = []
+        self.fail_on_negative, self.wrong_rows = fail_on_negative, wrong_rows
+        self.hold = threading.Event()
+        self.hold.set()
+        self._signature = ModelSignature(
+            inputs=(TensorSpec(name="x", datatype="FP32", shape=(-1, -1)),),
+            outputs=(TensorSpec(name="y", datatype="FP32", shape=(-1, -1)),),
+        )
+
+    def _load(self, model_file: Path, placement: Placement) -> ModelSignature:
+        return self.signature
+
+    def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.hold.wait(10)
+        x = inputs["x"]
+        self.batches.append(x.shape)
+        if self.fail_on_negative and (x < 0).any():
+            raise InferenceFailedError("negative input")
+        y = x * 2
+        return {"y": y[:-1] if self.wrong_rows else y}
+
+    def _close(self) -> None:
+        pass
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+async def _submit_all(batcher: Batcher, arrays: list[np.ndarray]) -> list[object]:
+    return await asyncio.gather(
+        *(batcher.infer({"x": a}, len(a), priority=1, timeout_s=None) for a in arrays),
+        return_exceptions=True,
+    )
+
+
+def _held_batcher(runtime: EchoRuntime, **config: object) -> Batcher:
+    return Batcher("echo", [runtime], BatchingConfig(**config), batched=True)  # type: ignore[arg-type]
+
+
+async def _hold_then_release(
+    batcher: Batcher, runtime: EchoRuntime, arrays: list[np.ndarray]
+) -> list[object]:
+    """Occupy the only instance, queue ``arrays`` behind it, then let everything run."""
+    runtime.hold.clear()
+    first = asyncio.ensure_future(
+        batcher.infer({"x": np.ones((1, 4), np.float32)}, 1, priority=1, timeout_s=None)
+    )
+    while runtime.hold.is_set() or not batcher.running:
+        await asyncio.sleep(0)
+    rest = asyncio.ensure_future(_submit_all(batcher, arrays))
+    while batcher.pending < len(arrays):
+        await asyncio.sleep(0.001)
+    runtime.hold.set()
+    await first
+    return await rest
+
+
+def test_only_requests_with_the_same_non_batch_shape_share_a_batch() -> None:
+    async def main() -> None:
+        rt = EchoRuntime()
+        b = _held_batcher(rt, max_batch_size=16)
+        b.start()
+        arrays = [np.full((1, 4), i, np.float32) for i in range(3)] + [
+            np.full((2, 8), 9, np.float32)
+        ]
+        results = await _hold_then_release(b, rt, arrays)
+        await b.close()
+        assert rt.batches[1:] == [(3, 4), (2, 8)]
+        for a, r in zip(arrays, results, strict=True):
+            np.testing.assert_array_equal(r.outputs["y"], a * 2)  # type: ignore[attr-defined]
+
+    run(main())
+
+
+def test_a_failing_batch_fails_only_its_own_requests() -> None:
+    async def main() -> None:
+        rt = EchoRuntime(fail_on_negative=True)
+        b = _held_batcher(rt, max_batch_size=2)
+        b.start()
+        arrays = [np.full((1, 4), v, np.float32) for v in (1, -1, 2, 3)]  # batches: [1,-1] [2,3]
+        results = await _hold_then_release(b, rt, arrays)
+        await b.close()
+        assert isinstance(results[0], InferenceFailedError) and isinstance(
+            results[1], InferenceFailedError
+        )
+        np.testing.assert_array_equal(results[2].outputs["y"], arrays[2] * 2)  # type: ignore[union-attr]
+        np.testing.assert_array_equal(results[3].outputs["y"], arrays[3] * 2)  # type: ignore[union-attr]
+
+    run(main())
+
+
+def test_preferred_batch_size_runs_without_waiting_the_delay() -> None:
+    async def main() -> None:
+        rt = EchoRuntime()
+        # a delay of a minute: only a preferred size (or a full batch) can start a batch
+        b = _held_batcher(
+            rt, max_batch_size=16, preferred_batch_sizes=(4,), max_queue_delay_us=60_000_000
+        )
+        b.start()
+        arrays = [np.ones((1, 4), np.float32) for _ in range(4)]
+        results = await asyncio.wait_for(_submit_all(b, arrays), 30)
+        await b.close()
+        assert rt.batches == [(4, 4)] and all(not isinstance(r, Exception) for r in results)
+
+    run(main())
+
+
+def test_queue_delay_waits_for_more_requests() -> None:
+    async def main() -> None:
+        rt = EchoRuntime()
+        b = _held_batcher(rt, max_batch_size=8, max_queue_delay_us=200_000)
+        b.start()
+        first = asyncio.ensure_future(
+            b.infer({"x": np.ones((1, 4), np.float32)}, 1, priority=1, timeout_s=None)
+        )
+        await asyncio.sleep(0.02)  # within the 200 ms delay, a second request arrives
+        second = await b.infer({"x": np.ones((1, 4), np.float32)}, 1, priority=1, timeout_s=None)
+        await first
+        await b.close()
+        assert rt.batches == [(2, 4)] and second.batch_rows == 2
+
+    run(main())
+
+
+def test_output_with_wrong_row_count_is_an_error_not_a_misassignment() -> None:
+    async def main() -> None:
+        rt = EchoRuntime(wrong_rows=True)
+        b = _held_batcher(rt, max_batch_size=8)
+        b.start()
+        (result,) = await _submit_all(b, [np.ones((3, 4), np.float32)])
+        await b.close()
+        assert isinstance(result, InferenceFailedError) and "expected 3 rows" in str(result)
+
+    run(main())
+
+
+def test_close_fails_waiting_requests_and_refuses_new_ones() -> None:
+    async def main() -> None:
+        rt = EchoRuntime()
+        b = _held_batcher(rt, max_batch_size=1)
+        b.start()
+        rt.hold.clear()
+        running = asyncio.ensure_future(
+            b.infer({"x": np.ones((1, 4), np.float32)}, 1, priority=1, timeout_s=None)
+        )
+        while not b.running:
+            await asyncio.sleep(0.001)
+        waiting = asyncio.ensure_future(
+            b.infer({"x": np.ones((1, 4), np.float32)}, 1, priority=1, timeout_s=None)
+        )
+        while not b.pending:
+            await asyncio.sleep(0.001)
+        closing = asyncio.ensure_future(b.close())
+        await asyncio.sleep(0.01)
+        rt.hold.set()
+        await closing
+        assert (await running).outputs["y"].shape == (1, 4)  # the running batch finished
+        with pytest.raises(ShuttingDownError):
+            await waiting
+        with pytest.raises(ShuttingDownError):
+            await b.infer({"x": np.ones((1, 4), np.float32)}, 1, priority=1, timeout_s=None)
+
+    run(main())
