@@ -23,15 +23,16 @@ _CACHE_S = 5.0
 class AcceleratorProbe:
     """Utilisation ratios (0..1) per device name, cached for a few seconds."""
 
-    def __init__(self, root: Path = Path("/")) -> None:
+    def __init__(self, root: Path = Path("/"), *, cache_s: float = _CACHE_S) -> None:
         self.root = root
+        self.cache_s = cache_s
         self._npu_last: dict[str, tuple[float, int]] = {}
-        self._cached: tuple[float, dict[str, float]] = (-_CACHE_S, {})
+        self._cached: tuple[float, dict[str, float]] | None = None
         self._nvidia_smi = shutil.which("nvidia-smi") if root == Path("/") else None
 
     def utilisation(self) -> dict[str, float]:
         now = time.monotonic()
-        if now - self._cached[0] < _CACHE_S:
+        if self._cached is not None and now - self._cached[0] < self.cache_s:
             return self._cached[1]
         found: dict[str, float] = {}
         found |= self._jetson()

@@ -1,0 +1,43 @@
+"""The benchmark's load generator: talks HTTP/1.1 correctly, counts honestly, aims at loopback only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.bench.loadgen import build_request
+from agent.bench.serving import binary_request
+from tests.agent.server import copy_models, serve
+
+
+def test_loadgen_drives_a_real_agent_and_reports(example_repo: Path, tmp_path: Path) -> None:
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    body, headers = binary_request(np.zeros((1, 256), np.float32))
+    (tmp_path / "body.bin").write_bytes(body)
+    with serve(repo) as agent:
+        args = [sys.executable, "-m", "agent.bench.loadgen", "--url", f"{agent.url}/v2/models/mlp/infer",
+                "--body", str(tmp_path / "body.bin"), "-c", "4", "-d", "1"]  # fmt: skip
+        for h in headers:
+            args += ["--header", h]
+        out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=60)
+        report = json.loads(out.stdout)
+        stats = agent.client.get("/v2/models/mlp/stats").json()["model_stats"][0]
+    assert report["statuses"] == {"200": report["requests"]} and report["errors"] == 0
+    assert report["requests"] == stats["inference_stats"]["success"]["count"]
+    assert 0 < report["p50_s"] <= report["p95_s"] <= report["p99_s"]
+    assert report["client_cpu_s"] > 0
+
+
+def test_loadgen_refuses_anything_but_loopback() -> None:
+    with pytest.raises(SystemExit, match="127.0.0.1"):
+        build_request("http://10.0.0.5:8000/v2/models/m/infer", b"", [])
+    host, port, request = build_request("http://127.0.0.1:9/v2/models/m/infer", b"xy", ["A: b"])
+    assert (host, port) == ("127.0.0.1", 9)
+    assert request.startswith(b"POST /v2/models/m/infer HTTP/1.1\r\n") and request.endswith(
+        b"\r\nA: b\r\n\r\nxy"
+    )
