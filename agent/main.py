@@ -17,6 +17,7 @@ import uvicorn
 from agent.accelerators import AcceleratorProbe
 from agent.api.app import create_app
 from agent.api.state import ApiState
+from agent.fleet.client import FleetClient
 from agent.inference.manager import ModelManager
 from agent.inference.service import InferenceService
 from agent.inference.versions import RuntimeFactory
@@ -38,10 +39,8 @@ def build_state(
     hardware = hardware or HardwareContext.detect(
         root=settings.hardware_root, profiles_dir=settings.profiles_dir, profile=settings.profile
     )
-    metrics = AgentMetrics(
-        hourly_cost=settings.device_hourly_cost,
-        accelerators=AcceleratorProbe(settings.hardware_root),
-    )
+    accelerators = AcceleratorProbe(settings.hardware_root)
+    metrics = AgentMetrics(hourly_cost=settings.device_hourly_cost, accelerators=accelerators)
     cpu_count = hardware.facts.cpu_count or os.cpu_count() or 1
     manager = ModelManager(
         settings.model_repository,
@@ -56,7 +55,10 @@ def build_state(
     log.info(
         "hardware profile", extra={"profile": hardware.profile.name, "forced": hardware.forced}
     )
-    return ApiState(service, manager, metrics, settings)
+    fleet = None
+    if settings.fleet.enabled:
+        fleet = FleetClient(settings.fleet, manager, hardware, accelerators, metrics)
+    return ApiState(service, manager, metrics, settings, fleet)
 
 
 def bind_socket(settings: AgentSettings) -> socket.socket:

@@ -96,6 +96,10 @@ class AgentMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.fleet_rejected = Counter(
+            "edgefleet_fleet_messages_rejected", "Fleet messages refused, by topic and reason",
+            ["topic", "code"], registry=r,
+        )  # fmt: skip
         self._hourly_cost = hourly_cost
         self._accelerators = accelerators
         self._started = time.monotonic()

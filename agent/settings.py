@@ -14,6 +14,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from agent.fleet.settings import FleetSettings
 from runtimes.settings import RuntimeSettings
 
 
@@ -66,6 +67,9 @@ class AgentSettings(BaseSettings):
     """Log every request (failures are logged regardless)."""
     device_hourly_cost: float | None = Field(default=None, ge=0)
     """Cost of the device per hour, for the cost-per-1000-predictions metric."""
+
+    fleet: FleetSettings = FleetSettings()
+    """The fleet client (MQTT); off unless fleet.mqtt_url is set."""
 
     @classmethod
     def settings_customise_sources(

@@ -24,19 +24,22 @@ def create_app(state: ApiState) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async def load() -> None:
+        async def start() -> None:
             await state.manager.load_all()
             state.loaded = True
             log.info("start-up load finished", extra={"ready": state.ready()})
+            if state.fleet is not None:
+                # after the local load: the fleet's desired state applies on top of it
+                await state.fleet.run()
 
-        loading = asyncio.create_task(load(), name="startup-load")
+        background = asyncio.create_task(start(), name="startup-and-fleet")
         try:
             yield
         finally:
             # uvicorn has stopped accepting and waited for in-flight requests by now.
             state.service.accepting = False
-            loading.cancel()
-            await asyncio.gather(loading, return_exceptions=True)
+            background.cancel()
+            await asyncio.gather(background, return_exceptions=True)
             await state.manager.close()
             log.info("models closed")
 

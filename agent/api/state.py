@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agent.fleet.client import FleetClient
 from agent.inference.manager import ModelManager
 from agent.inference.service import InferenceService
 from agent.metrics import AgentMetrics
@@ -16,6 +17,7 @@ class ApiState:
     manager: ModelManager
     metrics: AgentMetrics
     settings: AgentSettings
+    fleet: FleetClient | None = None
     loaded: bool = False
     """The start-up load of the repository has finished."""
 

@@ -30,6 +30,8 @@ router = APIRouter(tags=["TensorFlow Serving"])
 _TF_STATES = {
     VersionState.LOADING: "LOADING",
     VersionState.READY: "AVAILABLE",
+    VersionState.STAGED: "LOADING",
+    VersionState.STANDBY: "AVAILABLE",
     VersionState.UNLOADING: "UNLOADING",
     VersionState.UNAVAILABLE: "END",
 }

@@ -314,19 +314,74 @@ class ModelManager:
             "evictable or raise the budget"
         )
 
-    def _retire(self, entry: ModelEntry, lv: LoadedVersion) -> None:
-        if entry.served.get(lv.version) is None:
+    def _retire(self, entry: ModelEntry, lv: LoadedVersion, *, keep_status: bool = False) -> None:
+        if entry.served.get(lv.version) is None and not keep_status:
             entry.status[lv.version] = VersionStatus(VersionState.UNLOADING)
 
         async def retire() -> None:
             await lv.retire()
-            if lv.version not in entry.served:
+            if lv.version not in entry.served and not keep_status:
                 entry.status.pop(lv.version, None)
             log.info("version closed", extra={"model": entry.name, "version": lv.version})
 
         task = asyncio.create_task(retire(), name=f"retire:{entry.name}:{lv.version}")
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
+
+    # -- staged switches (the fleet client) ---------------------------------------------------
+
+    async def stage(
+        self, model: str, version: int, version_dir: Path, config: ModelConfig
+    ) -> LoadedVersion:
+        """Load and warm a version without serving it.
+
+        Raises:
+            LoadError: it does not load, or fails its warm-up self-test.
+        """
+        async with self._load_lock:
+            entry = self.models.setdefault(model, ModelEntry(model))
+            lv = await self._load_version(entry, version, version_dir, config)
+            if version not in entry.served:
+                entry.status[version] = VersionStatus(VersionState.STAGED)
+            return lv
+
+    def activate(self, model: str, staged: LoadedVersion) -> dict[int, LoadedVersion]:
+        """Serve only ``staged``, in one assignment; return what served before, still loaded
+        and warm, for :meth:`settle` (commit) or :meth:`restore` (roll back)."""
+        entry = self.models.setdefault(model, ModelEntry(model))
+        previous, entry.served = entry.served, {staged.version: staged}
+        entry.config = staged.config
+        entry.status[staged.version] = VersionStatus(VersionState.READY)
+        for version, lv in previous.items():
+            if lv is not staged and version != staged.version:
+                entry.status[version] = VersionStatus(VersionState.STANDBY)
+        return previous
+
+    def restore(
+        self, model: str, previous: dict[int, LoadedVersion], failed: LoadedVersion, reason: str
+    ) -> None:
+        """Switch back to ``previous`` and close ``failed``."""
+        entry = self.models[model]
+        entry.served = previous
+        for version in previous:
+            entry.status[version] = VersionStatus(VersionState.READY)
+        if failed.version not in previous:
+            entry.status[failed.version] = VersionStatus(VersionState.UNAVAILABLE, reason)
+        self._retire(entry, failed, keep_status=True)
+
+    def settle(self, model: str, previous: dict[int, LoadedVersion]) -> None:
+        """Commit: close the versions that served before the switch."""
+        entry = self.models[model]
+        for lv in previous.values():
+            if entry.served.get(lv.version) is not lv:
+                self._retire(entry, lv)
+
+    def discard(self, model: str, staged: LoadedVersion, reason: str) -> None:
+        """Close a staged version that will not be switched to."""
+        entry = self.models[model]
+        if staged.version not in entry.served:
+            entry.status[staged.version] = VersionStatus(VersionState.UNAVAILABLE, reason)
+        self._retire(entry, staged, keep_status=True)
 
     async def unload(self, model: str) -> None:
         async with self._load_lock:

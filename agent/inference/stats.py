@@ -6,9 +6,14 @@ NOTE: https://github.com/triton-inference-server/server/blob/main/docs/protocol/
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+RECENT_SAMPLES = 4096
+MODEL_ERROR_CODES = frozenset({"inference_failed", "deadline_exceeded", "overloaded"})
 
 
 @dataclass
@@ -42,6 +47,10 @@ class VersionStats:
     last_inference_ms: int = 0
     fail_by_reason: dict[str, int] = field(default_factory=dict)
     batch_sizes: dict[int, BatchSizeStats] = field(default_factory=dict)
+    recent: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=RECENT_SAMPLES))
+    """(monotonic time, seconds) of the latest successful requests, for percentiles."""
+    failed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set on every failure that points at the model; health windows wait on it."""
 
     def record_batch(self, rows: int, compute_s: float) -> None:
         self.execution_count += 1
@@ -50,6 +59,7 @@ class VersionStats:
         self.last_inference_ms = int(time.time() * 1000)  # wall clock: it is a timestamp
 
     def record_success(self, total_s: float, queue_s: float, compute_s: float) -> None:
+        self.recent.append((time.monotonic(), total_s))
         self.success.add(total_s)
         self.queue.add(queue_s)
         self.compute_infer.add(compute_s)
@@ -57,6 +67,21 @@ class VersionStats:
     def record_failure(self, total_s: float, reason: str) -> None:
         self.fail.add(total_s)
         self.fail_by_reason[reason] = self.fail_by_reason.get(reason, 0) + 1
+        if reason in MODEL_ERROR_CODES:
+            self.failed.set()
+
+    def model_errors(self) -> int:
+        """Failures that point at the model or its capacity, not at the client's request."""
+        return sum(n for code, n in self.fail_by_reason.items() if code in MODEL_ERROR_CODES)
+
+    def latency_percentiles(
+        self, since: float, percentiles: tuple[float, ...]
+    ) -> list[float] | None:
+        """Latency percentiles (seconds) of successful requests after monotonic ``since``."""
+        samples = sorted(s for t, s in self.recent if t >= since)
+        if not samples:
+            return None
+        return [samples[min(len(samples) - 1, int(p / 100 * len(samples)))] for p in percentiles]
 
     def to_dict(self, name: str, version: str) -> dict[str, Any]:
         return {

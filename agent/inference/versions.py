@@ -28,7 +28,11 @@ from runtimes.signature import DYNAMIC, ModelSignature, TensorSpec
 
 class VersionState(StrEnum):
     LOADING = "LOADING"
+    STAGED = "STAGED"
+    """Loaded and warm, waiting to be switched to (fleet updates)."""
     READY = "READY"
+    STANDBY = "STANDBY"
+    """Loaded and warm but not serving: the previous version kept for an instant rollback."""
     UNLOADING = "UNLOADING"
     UNAVAILABLE = "UNAVAILABLE"
 

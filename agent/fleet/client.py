@@ -1,0 +1,422 @@
+"""The fleet client's MQTT session (aiomqtt over paho-mqtt) and its message handling.
+
+One long-lived task per concern, all under one TaskGroup: the MQTT session (reconnecting with
+jittered exponential backoff, resubscribing, re-announcing itself), the updater, and the
+telemetry timer. Telemetry and events go through the on-disk outbox, so nothing is lost while
+the broker is away; they are drained in order once it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import ssl
+import uuid
+from datetime import UTC, datetime
+
+import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from pydantic import ValidationError
+
+from agent import __version__
+from agent.accelerators import AcceleratorProbe
+from agent.fleet.outbox import Outbox
+from agent.fleet.settings import FleetSettings
+from agent.fleet.state import StateFiles
+from agent.fleet.store import ModelStore
+from agent.fleet.telemetry import TelemetryCollector
+from agent.fleet.updater import Report, Updater
+from agent.inference.manager import ModelManager
+from agent.metrics import AgentMetrics
+from agent.protocol.errors import ProtocolError, Rejection
+from agent.protocol.messages import (
+    DesiredState,
+    DeviceStatus,
+    ServedModel,
+    Telemetry,
+    UpdateEvent,
+    UpdateState,
+)
+from agent.protocol.signing import apply_trust_update, parse_envelope
+from agent.protocol.topics import Topics
+from agent.protocol.verify import DeviceIdentity, verify_command, verify_manifest
+from runtimes.errors import NoPlacementError
+from runtimes.formats import ModelFormat
+from runtimes.hardware.context import HardwareContext
+
+log = logging.getLogger("edgefleet.agent.fleet")
+MAX_PAYLOAD_BYTES = 1 << 20
+SESSION_EXPIRY_S = 24 * 3600
+"""Broker-side session kept for an offline device, so QoS 1 commands wait for it."""
+REMEMBERED_COMMANDS = 200
+
+
+def device_identity(settings: FleetSettings, hardware: HardwareContext) -> DeviceIdentity:
+    formats = set()
+    for fmt in ModelFormat:
+        try:
+            hardware.plan("probe", fmt)
+        except NoPlacementError:
+            continue
+        formats.add(fmt.value)
+    return DeviceIdentity(
+        settings.device_id, hardware.profile.name, dict(settings.labels), frozenset(formats)
+    )
+
+
+class FleetClient:
+    def __init__(
+        self,
+        settings: FleetSettings,
+        manager: ModelManager,
+        hardware: HardwareContext,
+        accelerators: AcceleratorProbe,
+        metrics: AgentMetrics,
+    ) -> None:
+        self.settings = settings
+        self.manager = manager
+        self.metrics = metrics
+        self.topics = Topics(settings.topic_prefix)
+        self.device_id = settings.device_id
+        self.files = StateFiles(settings.state_dir)
+        self.state = self.files.load_state()
+        self.trust = self.files.load_trust(settings.trust_root_file)
+        self.store = ModelStore(manager.repository)
+        self.store.recover()
+        self._queued: set[tuple[str, int]] = set()
+        """(model, sequence) of manifests submitted and not finished: redeliveries are ignored."""
+        self.outbox = Outbox(
+            settings.state_dir / "outbox.sqlite3",
+            max_bytes=settings.outbox_max_bytes,
+            max_age_s=settings.outbox_max_age_s,
+        )
+        self.identity = device_identity(settings, hardware)
+        self.updater = Updater(
+            manager,
+            self.store,
+            self.files,
+            self.state,
+            settings,
+            self._report,
+            self._status_changed,
+            on_done=self._queued.discard,
+        )
+        self.telemetry = TelemetryCollector(manager, accelerators)
+        self.connected = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._status_dirty = True
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.updater.run(), name="fleet:updater")
+                tg.create_task(self._telemetry_loop(), name="fleet:telemetry")
+                tg.create_task(self._session_loop(), name="fleet:session")
+        finally:
+            self.outbox.close()
+
+    async def _session_loop(self) -> None:
+        delay = self.settings.reconnect_min_s
+        while True:
+            try:
+                async with self._client() as client:
+                    delay = self.settings.reconnect_min_s
+                    await self._session(client)
+            except aiomqtt.MqttError as exc:
+                log.warning(
+                    "broker connection lost",
+                    extra={"error": str(exc), "retry_in_s": round(delay, 2)},
+                )
+            finally:
+                self.connected.clear()
+            # NOTE: jitter spreads a fleet's reconnects after a broker restart.
+            await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+            delay = min(self.settings.reconnect_max_s, delay * 2)
+
+    def _client(self) -> aiomqtt.Client:
+        s = self.settings
+        host, port, tls = s.broker()
+        v5 = s.mqtt_protocol == "5"
+        properties = None
+        if v5:
+            properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            properties.SessionExpiryInterval = SESSION_EXPIRY_S
+        will = aiomqtt.Will(
+            self.topics.status(self.device_id), self._status(online=False), qos=1, retain=True
+        )
+        return aiomqtt.Client(
+            host,
+            port,
+            username=s.username,
+            password=s.password.get_secret_value() if s.password else None,
+            identifier=f"edgefleet-agent-{self.device_id}",
+            protocol=aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311,
+            will=will,
+            keepalive=s.keepalive_s,
+            tls_context=self._tls() if tls else None,
+            clean_session=None if v5 else False,
+            clean_start=False if v5 else 3,
+            properties=properties,
+            timeout=10,
+        )
+
+    def _tls(self) -> ssl.SSLContext:
+        s = self.settings
+        context = ssl.create_default_context(cafile=str(s.tls_ca_file) if s.tls_ca_file else None)
+        if s.tls_cert_file and s.tls_key_file:
+            context.load_cert_chain(str(s.tls_cert_file), str(s.tls_key_file))
+        return context
+
+    async def _session(self, client: aiomqtt.Client) -> None:
+        topics = self.topics
+        await client.subscribe(
+            [
+                (topics.desired(self.device_id), 1),
+                (topics.commands(self.device_id), 1),
+                (topics.trust, 1),
+            ]
+        )
+        self._status_dirty = True
+        self.connected.set()
+        log.info("connected to the broker", extra={"device_id": self.device_id})
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._receive(client), name="fleet:receive")
+                tg.create_task(self._drain(client), name="fleet:drain")
+        except asyncio.CancelledError:
+            # A clean shutdown says goodbye itself rather than leaving it to the will.
+            with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
+                await client.publish(
+                    topics.status(self.device_id),
+                    self._status(online=False),
+                    qos=1,
+                    retain=True,
+                    timeout=2,
+                )
+            raise
+        except ExceptionGroup as group:
+            # surface a lost connection as itself, so the session loop reconnects
+            lost = [e for e in group.exceptions if isinstance(e, aiomqtt.MqttError)]
+            if lost:
+                raise lost[0] from None
+            raise
+
+    # -- outgoing -------------------------------------------------------------------------
+
+    def _status(self, *, online: bool) -> bytes:
+        models = []
+        if online:
+            for entry in self.manager.models.values():
+                for version in entry.served:
+                    ms = self.state.models.get(entry.name)
+                    seq = ms.committed_sequence if ms and ms.committed_version == version else None
+                    models.append(ServedModel(model=entry.name, version=version, sequence=seq))
+        status = DeviceStatus(
+            device_id=self.device_id,
+            online=online,
+            agent_version=__version__,
+            hardware_profile=self.identity.profile,
+            labels=dict(self.settings.labels),
+            models=models,
+            sent_at=datetime.now(UTC),
+        )
+        return status.model_dump_json(exclude_none=True).encode()
+
+    def _status_changed(self) -> None:
+        self._status_dirty = True
+        self._wake.set()
+
+    def _report(self, report: Report) -> None:
+        event = UpdateEvent(
+            device_id=self.device_id,
+            event_id=uuid.uuid4().hex,
+            time=datetime.now(UTC),
+            model=report.model,
+            version=report.version,
+            sequence=report.sequence,
+            rollout_id=report.rollout_id,
+            state=report.state,
+            code=report.code,
+            reason=report.reason,
+            progress=report.progress,
+        )
+        self.outbox.put(
+            self.topics.events(self.device_id), event.model_dump_json().encode(), "event"
+        )
+        self._wake.set()
+
+    async def _telemetry_loop(self) -> None:
+        topic = self.topics.telemetry(self.device_id)
+        while True:
+            await asyncio.sleep(self.settings.telemetry_interval_s)
+            window, models, device = self.telemetry.collect()
+            body = Telemetry(
+                device_id=self.device_id,
+                seq=1,
+                time=datetime.now(UTC),
+                window_s=window,
+                models=models,
+                device=device,
+                dropped=self.outbox.dropped("telemetry"),
+            )
+
+            def make(seq: int, body: Telemetry = body) -> bytes:
+                return body.model_copy(update={"seq": seq}).model_dump_json().encode()
+
+            self.outbox.put_numbered(topic, make, "telemetry")
+            self._wake.set()
+
+    async def _drain(self, client: aiomqtt.Client) -> None:
+        """Publish the status when it changed, then the outbox oldest first; a row leaves the
+        outbox only once the broker acknowledged it."""
+        while True:
+            self._wake.clear()
+            if self._status_dirty:
+                self._status_dirty = False
+                await client.publish(
+                    self.topics.status(self.device_id),
+                    self._status(online=True),
+                    qos=1,
+                    retain=True,
+                    timeout=10,
+                )
+            batch = self.outbox.oldest(64)
+            for item in batch:
+                await client.publish(item.topic, item.payload, qos=1, timeout=10)
+                self.outbox.ack([item.id])
+            if not batch and not self._status_dirty:
+                await self._wake.wait()
+
+    # -- incoming -------------------------------------------------------------------------
+
+    async def _receive(self, client: aiomqtt.Client) -> None:
+        async for message in client.messages:
+            topic = message.topic.value
+            payload = (
+                message.payload
+                if isinstance(message.payload, bytes)
+                else str(message.payload or "").encode()
+            )
+            leaf = topic.rsplit("/", 1)[-1]
+            if not payload:
+                continue  # a cleared retained message
+            try:
+                if len(payload) > MAX_PAYLOAD_BYTES:
+                    raise ProtocolError(
+                        Rejection.MALFORMED, f"{len(payload)} bytes exceed {MAX_PAYLOAD_BYTES}"
+                    )
+                if topic == self.topics.desired(self.device_id):
+                    self._on_desired(payload)
+                elif topic == self.topics.commands(self.device_id):
+                    self._on_command(payload)
+                elif topic == self.topics.trust:
+                    self._on_trust(payload)
+                else:
+                    raise ProtocolError(
+                        Rejection.WRONG_TARGET, f"not a topic of this device: {topic}"
+                    )
+            except ProtocolError as exc:
+                self._rejected(leaf, exc)
+
+    def _rejected(self, leaf: str, exc: ProtocolError, *, report: bool = True) -> None:
+        log.warning(
+            "message rejected", extra={"topic": leaf, "code": exc.code.value, "reason": exc.message}
+        )
+        self.metrics.fleet_rejected.labels(leaf, exc.code.value).inc()
+        if report:
+            self._report(
+                Report(
+                    UpdateState.REJECTED,
+                    exc.model or "",
+                    None,
+                    exc.sequence,
+                    None,
+                    exc.code.value,
+                    exc.message,
+                )
+            )
+
+    def _on_desired(self, payload: bytes) -> None:
+        try:
+            desired = DesiredState.model_validate_json(payload)
+        except ValidationError as exc:
+            code = (
+                Rejection.UNSUPPORTED_SCHEMA
+                if _schema_version(payload) not in (None, 1)
+                else Rejection.MALFORMED
+            )
+            raise ProtocolError(code, f"desired state: {exc.errors()[0]['msg']}") from None
+        if desired.device_id != self.device_id:
+            raise ProtocolError(
+                Rejection.WRONG_TARGET, f"desired state for device {desired.device_id}"
+            )
+        now = datetime.now(UTC)
+        for raw in desired.manifests:
+            try:
+                vm = verify_manifest(raw, self.trust, self.identity, self._floor, now)
+            except ProtocolError as exc:
+                if exc.code == Rejection.REPLAYED and self._converged(exc.model, exc.sequence):
+                    continue  # the retained state we already applied (or already refused)
+                self._rejected("desired", exc)
+                continue
+            key = (vm.manifest.model, vm.manifest.sequence)
+            if key in self._queued:
+                continue  # redelivered while still being applied
+            self._queued.add(key)
+            self._report(
+                Report(
+                    UpdateState.RECEIVED,
+                    vm.manifest.model,
+                    vm.manifest.version,
+                    vm.manifest.sequence,
+                    vm.manifest.rollout_id,
+                )
+            )
+            self.updater.submit(vm)
+
+    def _floor(self, model: str) -> int | None:
+        ms = self.state.models.get(model)
+        return ms.floor() if ms else None
+
+    def _converged(self, model: str | None, sequence: int | None) -> bool:
+        ms = self.state.models.get(model or "")
+        return ms is not None and sequence in (ms.committed_sequence, ms.failed_sequence)
+
+    def _on_command(self, payload: bytes) -> None:
+        command = verify_command(payload, self.trust, self.device_id, datetime.now(UTC))
+        if command.command_id in self.state.executed_commands:
+            return
+        self.state.executed_commands = [*self.state.executed_commands, command.command_id][
+            -REMEMBERED_COMMANDS:
+        ]
+        self.files.save_state(self.state)
+        self.updater.submit(command)
+
+    def _on_trust(self, payload: bytes) -> None:
+        envelope = parse_envelope(payload)
+        if envelope.signed.get("version") == self.trust.version:
+            return  # the retained copy of the root we hold
+        self.trust = apply_trust_update(self.trust, envelope)
+        self.files.save_trust(self.trust)
+        log.info(
+            "trust root updated",
+            extra={
+                "version": self.trust.version,
+                "manifest_keys": [k.key_id for k in self.trust.manifest_keys],
+                "revoked": self.trust.revoked,
+            },
+        )
+
+
+def _schema_version(payload: bytes) -> object:
+    try:
+        doc = json.loads(payload)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return doc.get("schema_version") if isinstance(doc, dict) else None

@@ -1,0 +1,134 @@
+"""Artifact downloads: streamed to a staging file, bounded, resumed, verified before use."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from agent.protocol.errors import ProtocolError, Rejection
+from agent.protocol.messages import FileRef
+
+log = logging.getLogger("edgefleet.agent.fleet")
+_CHUNK = 256 * 1024
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+async def fetch(
+    client: httpx.AsyncClient,
+    ref: FileRef,
+    staging: Path,
+    *,
+    max_bytes: int,
+    attempts: int,
+    progress: Callable[[int], None] | None = None,
+) -> Path:
+    """Download ``ref`` into ``staging``; return the verified file.
+
+    A partial file from an earlier attempt (or an earlier process) is resumed with a Range
+    request. Raises :class:`ProtocolError` (oversize, size_mismatch, digest_mismatch,
+    download_failed, disk_full); a failed file is deleted.
+    """
+    if ref.size > max_bytes:
+        raise ProtocolError(
+            Rejection.OVERSIZE, f"{ref.name} is {ref.size} bytes, the limit is {max_bytes}"
+        )
+    done = staging / f"{ref.sha256}.blob"
+    if done.is_file():
+        return done
+    part = staging / f"{ref.sha256}.part"
+    last_error = ""
+    for attempt in range(attempts):
+        try:
+            await _fetch_once(client, ref, part, progress)
+            break
+        except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+            last_error = f"{type(exc).__name__}: {exc}"
+            log.warning(
+                "download interrupted, will resume",
+                extra={"file": ref.name, "attempt": attempt + 1, "error": last_error},
+            )
+            await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
+        except ProtocolError:
+            part.unlink(missing_ok=True)
+            raise
+        except OSError as exc:
+            part.unlink(missing_ok=True)
+            if exc.errno == errno.ENOSPC:
+                raise ProtocolError(
+                    Rejection.DISK_FULL, f"no space left writing {ref.name}"
+                ) from exc
+            raise
+    else:
+        raise ProtocolError(
+            Rejection.DOWNLOAD_FAILED, f"{ref.name}: {attempts} attempts failed ({last_error})"
+        )
+    size = part.stat().st_size
+    if size != ref.size:
+        part.unlink(missing_ok=True)
+        raise ProtocolError(
+            Rejection.SIZE_MISMATCH, f"{ref.name} is {size} bytes, the manifest says {ref.size}"
+        )
+    actual = await asyncio.to_thread(_sha256, part)
+    if actual != ref.sha256:
+        part.unlink(missing_ok=True)
+        raise ProtocolError(
+            Rejection.DIGEST_MISMATCH,
+            f"{ref.name} has sha256 {actual}, the manifest says {ref.sha256}",
+        )
+    part.replace(done)
+    return done
+
+
+async def _fetch_once(
+    client: httpx.AsyncClient, ref: FileRef, part: Path, progress: Callable[[int], None] | None
+) -> None:
+    offset = part.stat().st_size if part.exists() else 0
+    if offset > ref.size:
+        part.unlink()
+        offset = 0
+    if offset == ref.size and offset:
+        return
+    headers = {"Range": f"bytes={offset}-"} if offset else {}
+    async with client.stream("GET", ref.url, headers=headers) as resp:
+        if resp.status_code == 206:
+            start = resp.headers.get("content-range", "").removeprefix("bytes ").split("-")[0]
+            if start != str(offset):
+                raise ProtocolError(
+                    Rejection.DOWNLOAD_FAILED,
+                    f"{ref.name}: server resumed at {start}, not {offset}",
+                )
+        elif resp.status_code == 200:
+            offset = 0  # the server ignored the range: start over
+        elif resp.status_code >= 500 or resp.status_code in (408, 429):
+            resp.raise_for_status()  # worth another attempt
+        else:
+            raise ProtocolError(
+                Rejection.DOWNLOAD_FAILED, f"{ref.name}: HTTP {resp.status_code} from {ref.url}"
+            )
+        written = offset
+        with part.open("r+b" if offset else "wb") as fh:
+            fh.seek(offset)
+            fh.truncate()
+            async for chunk in resp.aiter_bytes(_CHUNK):
+                written += len(chunk)
+                if written > ref.size:
+                    raise ProtocolError(
+                        Rejection.OVERSIZE,
+                        f"{ref.name}: the server sent more than the manifest's {ref.size} bytes",
+                    )
+                fh.write(chunk)
+                if progress is not None:
+                    progress(written)

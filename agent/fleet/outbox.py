@@ -1,0 +1,140 @@
+"""Telemetry and events waiting for the broker, on disk (SQLite), bounded and ordered.
+
+Everything the device reports goes through here first, connected or not, so a restart or a
+broker outage loses nothing that fits in the bounds. Rows leave only when the broker
+acknowledged them (QoS 1 PUBACK). Past ``max_bytes`` or ``max_age_s`` the oldest telemetry
+goes first (events only if telemetry alone cannot make room), and every drop is counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    kind TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class Pending:
+    id: int
+    topic: str
+    payload: bytes
+
+
+class Outbox:
+    def __init__(self, path: Path, *, max_bytes: int, max_age_s: float) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, isolation_level=None)
+        # WAL + NORMAL: durable across a killed process; fewer flash writes than FULL.
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self.max_bytes = max_bytes
+        self.max_age_s = max_age_s
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        # isolation_level=None is autocommit: transactions are explicit, so each is atomic.
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def put(self, topic: str, payload: bytes, kind: str) -> None:
+        """Queue a message; ages out and trims to the bounds (wall clock: ages survive restarts)."""
+        now = time.time()
+        with self._transaction():
+            self._db.execute(
+                "INSERT INTO outbox (topic, payload, kind, created) VALUES (?, ?, ?, ?)",
+                (topic, payload, kind, now),
+            )
+            self._trim(now)
+
+    def put_numbered(self, topic: str, make: Callable[[int], bytes], kind: str) -> int:
+        """Queue ``make(seq)`` with the next number of a counter that survives restarts; the
+        number and the row are written in one transaction, so no number repeats or vanishes."""
+        now = time.time()
+        with self._transaction():
+            row = self._db.execute(
+                "SELECT value FROM counters WHERE name = ?", (f"seq_{kind}",)
+            ).fetchone()
+            seq = (row[0] if row else 0) + 1
+            self._db.execute(
+                "INSERT OR REPLACE INTO counters (name, value) VALUES (?, ?)", (f"seq_{kind}", seq)
+            )
+            self._db.execute(
+                "INSERT INTO outbox (topic, payload, kind, created) VALUES (?, ?, ?, ?)",
+                (topic, make(seq), kind, now),
+            )
+            self._trim(now)
+        return seq
+
+    def _trim(self, now: float) -> None:
+        for kind, n in self._db.execute(
+            "SELECT kind, COUNT(*) FROM outbox WHERE created < ? GROUP BY kind",
+            (now - self.max_age_s,),
+        ).fetchall():
+            self._count_dropped(kind, n)
+        self._db.execute("DELETE FROM outbox WHERE created < ?", (now - self.max_age_s,))
+        size = self.size_bytes()
+        for kind in ("telemetry", "event"):
+            while size > self.max_bytes:
+                row = self._db.execute(
+                    "SELECT id, length(payload) FROM outbox WHERE kind = ? ORDER BY id LIMIT 1",
+                    (kind,),
+                ).fetchone()
+                if row is None:
+                    break
+                self._db.execute("DELETE FROM outbox WHERE id = ?", (row[0],))
+                self._count_dropped(kind, 1)
+                size -= row[1]
+
+    def _count_dropped(self, kind: str, n: int) -> None:
+        self._db.execute(
+            "INSERT INTO counters (name, value) VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+            (f"dropped_{kind}", n),
+        )
+
+    def oldest(self, limit: int) -> list[Pending]:
+        rows = self._db.execute(
+            "SELECT id, topic, payload FROM outbox ORDER BY id LIMIT ?", (limit,)
+        )
+        return [Pending(i, t, bytes(p)) for i, t, p in rows.fetchall()]
+
+    def ack(self, ids: list[int]) -> None:
+        with self._transaction():
+            self._db.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
+
+    def __len__(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+
+    def size_bytes(self) -> int:
+        return int(
+            self._db.execute("SELECT COALESCE(SUM(length(payload)), 0) FROM outbox").fetchone()[0]
+        )
+
+    def dropped(self, kind: str) -> int:
+        row = self._db.execute(
+            "SELECT value FROM counters WHERE name = ?", (f"dropped_{kind}",)
+        ).fetchone()
+        return int(row[0]) if row else 0

@@ -1,0 +1,79 @@
+"""Fleet client settings, nested in the agent's as ``fleet`` (``EDGEFLEET_AGENT_FLEET__*``)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from agent.protocol.topics import valid_device_id
+
+
+class FleetSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    mqtt_url: str | None = None
+    """mqtt://host:port or mqtts://host:port; None turns the fleet client off."""
+    device_id: str = Field(default_factory=lambda: _default_device_id())
+    """This device's id: one MQTT topic level ([A-Za-z0-9._-], at most 128)."""
+    topic_prefix: str = "edgefleet"
+    username: str | None = None
+    password: SecretStr | None = None
+    """Broker password; never logged."""
+    tls_ca_file: Path | None = None
+    tls_cert_file: Path | None = None
+    """Client certificate for mutual TLS."""
+    tls_key_file: Path | None = None
+    mqtt_protocol: Literal["5", "3.1.1"] = "5"
+    keepalive_s: int = Field(default=30, ge=5)
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Reported in the birth message; rollouts select on them (site, group...)."""
+    state_dir: Path = Path("var/agent-state")
+    """Trust root, applied sequences and the offline outbox live here."""
+    trust_root_file: Path | None = None
+    """The provisioned trust root (JSON), read when state_dir holds none yet."""
+    telemetry_interval_s: float = Field(default=10.0, gt=0)
+    outbox_max_bytes: int = Field(default=16 * 2**20, gt=0)
+    """Bound of the on-disk buffer for telemetry and events while offline."""
+    outbox_max_age_s: float = Field(default=7 * 24 * 3600, gt=0)
+    max_artifact_bytes: int = Field(default=2 * 2**30, gt=0)
+    download_attempts: int = Field(default=5, ge=1)
+    download_timeout_s: float = Field(default=30.0, gt=0)
+    """Per network operation (connect, each read), not for the whole file."""
+    reconnect_min_s: float = Field(default=0.5, gt=0)
+    reconnect_max_s: float = Field(default=30.0, gt=0)
+    keep_versions: int = Field(default=2, ge=1)
+    """Versions of a fleet-managed model kept on disk (the committed one and the one before)."""
+
+    @field_validator("device_id")
+    @classmethod
+    def _topic_safe(cls, value: str) -> str:
+        if not valid_device_id(value):
+            raise ValueError("use letters, digits, '.', '_' or '-' (at most 128)")
+        return value
+
+    @field_validator("mqtt_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urlsplit(value)
+            if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
+                raise ValueError("expected mqtt://host[:port] or mqtts://host[:port]")
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return self.mqtt_url is not None
+
+    def broker(self) -> tuple[str, int, bool]:
+        parts = urlsplit(self.mqtt_url or "")
+        tls = parts.scheme == "mqtts"
+        return parts.hostname or "127.0.0.1", parts.port or (8883 if tls else 1883), tls
+
+
+def _default_device_id() -> str:
+    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in socket.gethostname())[:128]
+    return name if valid_device_id(name) else "device"

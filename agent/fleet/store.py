@@ -1,0 +1,104 @@
+"""The model store on disk: the agent's model repository, updated so that a crash at any
+point leaves the last committed version in place and served after a restart.
+
+- Files are downloaded into ``<repo>/.staging/`` and verified there.
+- A verified version is assembled in a scratch directory and renamed into
+  ``<repo>/<model>/<version>`` in one step. It is not served yet.
+- The commit is one atomic rewrite of ``<repo>/<model>/config.toml``, whose version policy
+  names exactly the committed version. Until then a restart serves the previous one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from agent.fleet.state import write_atomically
+from agent.model_config import CONFIG_FILE
+from agent.protocol.errors import ProtocolError, Rejection
+from agent.protocol.messages import FileRef
+
+DIGESTS_FILE = ".digests.json"
+
+
+class ModelStore:
+    def __init__(self, repository: Path) -> None:
+        self.repository = repository
+        self.staging = repository / ".staging"
+
+    def recover(self) -> None:
+        """After a crash: drop half-assembled versions; keep partial downloads to resume."""
+        self.staging.mkdir(parents=True, exist_ok=True)
+        for entry in self.staging.iterdir():
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+
+    def version_dir(self, model: str, version: int) -> Path:
+        return self.repository / model / str(version)
+
+    def installed(self, model: str, version: int, files: list[FileRef]) -> bool:
+        """The version is on disk with exactly these files (a retry after a crash, or a
+        roll-forward to a version kept on disk).
+
+        Raises:
+            ProtocolError: the version exists with different files; versions are immutable.
+        """
+        target = self.version_dir(model, version)
+        if not target.exists():
+            return False
+        digests_file = target / DIGESTS_FILE
+        recorded = json.loads(digests_file.read_text()) if digests_file.is_file() else None
+        wanted = {f.name: f.sha256 for f in files}
+        if recorded != wanted:
+            raise ProtocolError(
+                Rejection.MALFORMED,
+                f"version {version} of {model} is already on disk with other files; "
+                "versions are immutable, publish a new version number",
+            )
+        return True
+
+    def install(
+        self, model: str, version: int, files: dict[str, Path], refs: list[FileRef]
+    ) -> Path:
+        """Move verified files into ``<repo>/<model>/<version>`` atomically."""
+        target = self.version_dir(model, version)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(dir=self.staging, prefix=f"{model}-{version}-"))
+        try:
+            for name, path in files.items():
+                shutil.copyfile(path, scratch / name)
+            (scratch / DIGESTS_FILE).write_text(
+                json.dumps({r.name: r.sha256 for r in refs}, sort_keys=True)
+            )
+            for p in scratch.iterdir():
+                with p.open("rb") as fh:
+                    os.fsync(fh.fileno())
+            os.rename(scratch, target)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        return target
+
+    def commit(self, model: str, version: int, config: dict[str, Any]) -> None:
+        """Point the model at ``version``: the one step that changes what a restart serves."""
+        doc = {k: v for k, v in config.items() if k != "version_policy"}
+        doc["version_policy"] = {"specific": [version]}
+        write_atomically(self.repository / model / CONFIG_FILE, tomli_w.dumps(doc).encode())
+
+    def prune(self, model: str, keep: set[int]) -> None:
+        """Remove version directories of ``model`` not in ``keep``."""
+        model_dir = self.repository / model
+        if not model_dir.is_dir():
+            return
+        for path in model_dir.iterdir():
+            if path.is_dir() and path.name.isdigit() and int(path.name) not in keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def remove_version(self, model: str, version: int) -> None:
+        shutil.rmtree(self.version_dir(model, version), ignore_errors=True)

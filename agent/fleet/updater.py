@@ -1,0 +1,342 @@
+"""Applying a verified manifest: download, verify, stage, switch, watch, commit or roll back.
+
+    received -> downloading -> verified -> staged -> active -> committed
+                                                          \\-> rolled_back (health window failed)
+    any step  -> rejected (reason)              the previous version keeps serving throughout
+
+The previous version stays loaded and warm during the health window, so switching back is one
+assignment. Only the commit rewrites the on-disk pointer (``config.toml``); a crash before it
+leaves the previous version served after restart, and the retained desired state brings the
+update back to be tried again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from pydantic import ValidationError
+
+from agent.errors import AgentError, LoadError
+from agent.fleet.download import fetch
+from agent.fleet.settings import FleetSettings
+from agent.fleet.state import FleetState, StateFiles
+from agent.fleet.store import ModelStore
+from agent.inference.manager import ModelManager
+from agent.inference.versions import LoadedVersion
+from agent.model_config import CONFIG_FILE, ModelConfig
+from agent.protocol.errors import ProtocolError, Rejection
+from agent.protocol.messages import Command, HealthCriteria, ModelManifest, UpdateState
+from agent.protocol.verify import VerifiedManifest
+from runtimes.errors import RuntimeFailure, validation_message
+from runtimes.golden import GOLDEN_FILE, GoldenSample
+
+log = logging.getLogger("edgefleet.agent.fleet")
+
+# Failures worth a retry when the desired state comes again; the others mark the sequence failed.
+TRANSIENT = frozenset({Rejection.DOWNLOAD_FAILED, Rejection.DISK_FULL})
+BASELINE_S = 300.0
+"""How far back the previous version's latency is read for the p99 comparison."""
+
+
+@dataclass(frozen=True)
+class Report:
+    state: UpdateState
+    model: str
+    version: int | None = None
+    sequence: int | None = None
+    rollout_id: str | None = None
+    code: str | None = None
+    reason: str | None = None
+    progress: float | None = None
+
+
+Reporter = Callable[[Report], None]
+
+
+class Updater:
+    def __init__(
+        self,
+        manager: ModelManager,
+        store: ModelStore,
+        files: StateFiles,
+        state: FleetState,
+        settings: FleetSettings,
+        report: Reporter,
+        on_change: Callable[[], None],
+        on_done: Callable[[tuple[str, int]], None] = lambda key: None,
+    ) -> None:
+        self.manager = manager
+        self.store = store
+        self.files = files
+        self.state = state
+        self.settings = settings
+        self.report = report
+        self.on_change = on_change
+        self.on_done = on_done
+        self._queue: asyncio.Queue[VerifiedManifest | Command] = asyncio.Queue()
+        self.busy = False
+
+    def submit(self, item: VerifiedManifest | Command) -> None:
+        self._queue.put_nowait(item)
+
+    async def run(self) -> None:
+        timeout = httpx.Timeout(self.settings.download_timeout_s)
+        async with httpx.AsyncClient(timeout=timeout, follow_redirects=True) as http:
+            while True:
+                item = await self._queue.get()
+                self.busy = True
+                try:
+                    if isinstance(item, Command):
+                        await self.rollback(item)
+                    else:
+                        await self.apply(item, http)
+                        self.on_done((item.manifest.model, item.manifest.sequence))
+                finally:
+                    self.busy = self._queue.qsize() > 0
+
+    # -- manifests ------------------------------------------------------------------------
+
+    async def apply(self, vm: VerifiedManifest, http: httpx.AsyncClient) -> None:
+        m = vm.manifest
+        ms = self.state.model(m.model)
+
+        def say(
+            state: UpdateState,
+            code: str | None = None,
+            reason: str | None = None,
+            progress: float | None = None,
+        ) -> None:
+            self.report(
+                Report(state, m.model, m.version, m.sequence, m.rollout_id, code, reason, progress)
+            )
+
+        floor = ms.floor()
+        if floor is not None and m.sequence <= floor:  # a newer one was applied while this waited
+            say(
+                UpdateState.REJECTED,
+                Rejection.SUPERSEDED,
+                f"sequence {m.sequence} is not newer than {floor}",
+            )
+            return
+        try:
+            version_dir = await self._download(vm, http, say)
+            say(UpdateState.VERIFIED)
+            config = self._config(m)
+            try:
+                staged = await self.manager.stage(m.model, m.version, version_dir, config)
+            except (LoadError, RuntimeFailure) as exc:
+                code = (
+                    Rejection.SELF_TEST_FAILED if "self-test" in str(exc) else Rejection.LOAD_FAILED
+                )
+                raise ProtocolError(code, str(exc)) from exc
+            say(UpdateState.STAGED)
+            previous = self.manager.activate(m.model, staged)
+            say(UpdateState.ACTIVE)
+            verdict = await self._health_window(m.health, staged, previous, version_dir)
+        except ProtocolError as exc:
+            if exc.code not in TRANSIENT:
+                ms.failed_sequence = m.sequence
+                self.files.save_state(self.state)
+            log.warning(
+                "update rejected",
+                extra={
+                    "model": m.model,
+                    "version": m.version,
+                    "code": exc.code.value,
+                    "reason": exc.message,
+                },
+            )
+            say(UpdateState.REJECTED, exc.code, exc.message)
+            return
+        if verdict is not None:
+            self.manager.restore(m.model, previous, staged, verdict)
+            ms.failed_sequence = m.sequence
+            self.files.save_state(self.state)
+            if m.version not in previous and m.version != ms.committed_version:
+                self.store.remove_version(m.model, m.version)
+            log.warning(
+                "update rolled back",
+                extra={"model": m.model, "version": m.version, "reason": verdict},
+            )
+            say(UpdateState.ROLLED_BACK, Rejection.HEALTH_CHECK_FAILED, verdict)
+            self.on_change()
+            return
+        self._commit(m, previous)
+        say(UpdateState.COMMITTED)
+        self.on_change()
+
+    async def _download(
+        self, vm: VerifiedManifest, http: httpx.AsyncClient, say: Callable[..., None]
+    ) -> Path:
+        m = vm.manifest
+        refs = list(vm.variant.files) + ([m.golden] if m.golden else [])
+        if self.store.installed(m.model, m.version, refs):
+            return self.store.version_dir(m.model, m.version)
+        total = sum(r.size for r in refs) or 1
+        done = 0
+        say(UpdateState.DOWNLOADING, progress=0.0)
+        files: dict[str, Path] = {}
+        last_report = time.monotonic()
+
+        for ref in refs:
+
+            def progress(written: int, before: int = done) -> None:
+                nonlocal last_report
+                if time.monotonic() - last_report >= 1.0:  # at most one progress event a second
+                    last_report = time.monotonic()
+                    say(UpdateState.DOWNLOADING, progress=min(1.0, (before + written) / total))
+
+            files[ref.name] = await fetch(
+                http,
+                ref,
+                self.store.staging,
+                max_bytes=self.settings.max_artifact_bytes,
+                attempts=self.settings.download_attempts,
+                progress=progress,
+            )
+            done += ref.size
+        say(UpdateState.DOWNLOADING, progress=1.0)
+        version_dir = await asyncio.to_thread(self.store.install, m.model, m.version, files, refs)
+        for path in files.values():
+            path.unlink(missing_ok=True)
+        return version_dir
+
+    @staticmethod
+    def _config(m: ModelManifest) -> ModelConfig:
+        try:
+            return ModelConfig.model_validate(
+                {**m.config, "version_policy": {"specific": [m.version]}}
+            )
+        except ValidationError as exc:
+            raise ProtocolError(
+                Rejection.MALFORMED, f"manifest config: {validation_message(exc)}"
+            ) from None
+
+    async def _health_window(
+        self,
+        criteria: HealthCriteria,
+        staged: LoadedVersion,
+        previous: dict[int, LoadedVersion],
+        version_dir: Path,
+    ) -> str | None:
+        """None if the new version passed its window, else why not. Fails early once the
+        error budget of the window is spent."""
+        started = time.monotonic()
+        baseline: float | None = None
+        for lv in previous.values():
+            if len(lv.stats.recent) >= max(criteria.min_requests, 1):
+                p99 = lv.stats.latency_percentiles(started - BASELINE_S, (99,))
+                baseline = p99[0] if p99 else None
+        stats = staged.stats
+        deadline = started + criteria.window_s
+        while True:
+            requests = stats.success.count + stats.fail.count
+            errors = stats.model_errors()
+            if (
+                requests >= criteria.min_requests
+                and requests
+                and errors / requests > criteria.max_error_rate
+            ):
+                return (
+                    f"error rate {errors / requests:.1%} over {requests} requests exceeds "
+                    f"{criteria.max_error_rate:.1%}"
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            stats.failed.clear()
+            try:  # woken by a failure to re-check the error budget, else at the window's end
+                await asyncio.wait_for(stats.failed.wait(), remaining)
+            except TimeoutError:
+                pass
+        requests = stats.success.count + stats.fail.count
+        if baseline and requests >= criteria.min_requests:
+            new_p99 = (stats.latency_percentiles(started, (99,)) or [0.0])[0]
+            ratio = new_p99 / baseline
+            if ratio > criteria.max_p99_ratio:
+                return (
+                    f"p99 latency {new_p99 * 1000:.1f} ms is {ratio:.2f}x the previous version's "
+                    f"{baseline * 1000:.1f} ms (limit {criteria.max_p99_ratio}x)"
+                )
+        golden_path = version_dir / GOLDEN_FILE
+        if criteria.self_test and golden_path.is_file():
+            golden = GoldenSample.load(golden_path)
+            rows = staged.signature.validate_inputs(golden.inputs) or 1
+            try:
+                result = await staged.batcher.infer(golden.inputs, rows, priority=1, timeout_s=None)
+            except (AgentError, RuntimeFailure) as exc:
+                return f"self-test after the window failed: {exc}"
+            problems = golden.mismatches(result.outputs)
+            if problems:
+                return "self-test after the window failed: " + "; ".join(problems)
+        return None
+
+    def _commit(self, m: ModelManifest, previous: dict[int, LoadedVersion]) -> None:
+        ms = self.state.model(m.model)
+        self.store.commit(m.model, m.version, m.config)  # first: this is what a restart serves
+        before = (
+            ms.committed_version
+            if ms.committed_version is not None
+            else max(previous, default=None)
+        )
+        ms.previous_version = before if before != m.version else ms.previous_version
+        ms.committed_version, ms.committed_sequence = m.version, m.sequence
+        self.files.save_state(self.state)
+        self.manager.settle(m.model, previous)
+        keep = {m.version} | ({ms.previous_version} if ms.previous_version is not None else set())
+        self.store.prune(m.model, set(sorted(keep)[-self.settings.keep_versions :]) | {m.version})
+
+    # -- commands -------------------------------------------------------------------------
+
+    async def rollback(self, command: Command) -> None:
+        """Switch a model back to the version committed before the current one."""
+        ms = self.state.model(command.model)
+        target = ms.previous_version
+        version_dir = self.store.version_dir(command.model, target) if target is not None else None
+
+        def say(state: UpdateState, code: str, reason: str) -> None:
+            self.report(
+                Report(state, command.model, target, ms.committed_sequence, None, code, reason)
+            )
+
+        if target is None or version_dir is None or not version_dir.is_dir():
+            say(
+                UpdateState.REJECTED,
+                Rejection.NOTHING_TO_ROLL_BACK,
+                f"no previous version of {command.model} is kept on this device",
+            )
+            return
+        config_path = self.store.repository / command.model / CONFIG_FILE
+        raw = tomllib.loads(config_path.read_text()) if config_path.is_file() else {}
+        raw["version_policy"] = {"specific": [target]}
+        try:
+            staged = await self.manager.stage(
+                command.model, target, version_dir, ModelConfig.model_validate(raw)
+            )
+        except (LoadError, RuntimeFailure, ValidationError) as exc:
+            say(
+                UpdateState.REJECTED,
+                Rejection.LOAD_FAILED,
+                f"previous version {target} does not load: {exc}",
+            )
+            return
+        previous = self.manager.activate(command.model, staged)
+        self.store.commit(
+            command.model, target, {k: v for k, v in raw.items() if k != "version_policy"}
+        )
+        ms.committed_version, ms.previous_version = target, None
+        self.files.save_state(self.state)
+        self.manager.settle(command.model, previous)
+        say(
+            UpdateState.ROLLED_BACK,
+            Rejection.FLEET_COMMAND,
+            command.reason or "rollback requested by the fleet",
+        )
+        self.on_change()
