@@ -30,7 +30,12 @@ def create_app(state: ApiState) -> FastAPI:
             log.info("start-up load finished", extra={"ready": state.ready()})
             if state.fleet is not None:
                 # after the local load: the fleet's desired state applies on top of it
-                await state.fleet.run()
+                try:
+                    await state.fleet.run()
+                except Exception:
+                    # the agent keeps serving locally; the failure must be visible though
+                    log.exception("fleet client stopped")
+                    raise
 
         background = asyncio.create_task(start(), name="startup-and-fleet")
         try:

@@ -37,7 +37,9 @@ class Pending:
 class Outbox:
     def __init__(self, path: Path, *, max_bytes: int, max_age_s: float) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, isolation_level=None)
+        # Used from one event loop at a time; the loop may run in another thread than the
+        # one that built the outbox (tests serve in a thread).
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         # WAL + NORMAL: durable across a killed process; fewer flash writes than FULL.
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")

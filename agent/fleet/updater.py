@@ -132,10 +132,13 @@ class Updater:
             try:
                 staged = await self.manager.stage(m.model, m.version, version_dir, config)
             except (LoadError, RuntimeFailure) as exc:
-                code = (
-                    Rejection.SELF_TEST_FAILED if "self-test" in str(exc) else Rejection.LOAD_FAILED
-                )
-                raise ProtocolError(code, str(exc)) from exc
+                if "self-test" not in str(exc):
+                    raise ProtocolError(Rejection.LOAD_FAILED, str(exc)) from exc
+                # It loaded, then failed its self-test: dropped, the previous version serves.
+                ms.failed_sequence = m.sequence
+                self.files.save_state(self.state)
+                say(UpdateState.ROLLED_BACK, Rejection.SELF_TEST_FAILED, str(exc))
+                return
             say(UpdateState.STAGED)
             previous = self.manager.activate(m.model, staged)
             say(UpdateState.ACTIVE)

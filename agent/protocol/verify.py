@@ -56,7 +56,17 @@ def verify_manifest(
     """Signature by a trusted, unrevoked key; not expired; newer than the last applied sequence
     for that model; targets this device; has an artifact this device can use."""
     envelope = parse_envelope(raw)
-    signer = verify_signed(envelope, trust)
+    try:
+        signer = verify_signed(envelope, trust)
+    except ProtocolError as exc:
+        # What the unverified manifest claims to be, for the report only: it changes nothing.
+        claimed_model = envelope.signed.get("model")
+        claimed_seq = envelope.signed.get("sequence")
+        raise ProtocolError(
+            exc.code, exc.message,
+            model=claimed_model if isinstance(claimed_model, str) else None,
+            sequence=claimed_seq if type(claimed_seq) is int else None,
+        ) from None
     try:
         manifest = ModelManifest.model_validate(envelope.signed)
     except ValidationError as exc:
