@@ -3,6 +3,8 @@ started and stopped (or killed) by the tests that need it."""
 
 from __future__ import annotations
 
+import os
+import pwd
 import shutil
 import signal
 import socket
@@ -39,9 +41,13 @@ class Mosquitto:
         return f"mqtt://127.0.0.1:{self.port}"
 
     def config_text(self) -> str:
+        # Started as root, mosquitto drops to the "mosquitto" user and then cannot write its
+        # log or persistence file here: keep the user we are.
+        user = f"user {pwd.getpwuid(os.geteuid()).pw_name}\n" if os.geteuid() == 0 else ""
         return (
-            f"listener {self.port} 127.0.0.1\n"
-            f"persistence true\npersistence_location {self.workdir}/\nautosave_interval 1\n"
+            user + f"listener {self.port} 127.0.0.1\n"
+            f"persistence true\npersistence_location {self.workdir}/\n"
+            "autosave_interval 1\nautosave_on_changes true\n"
             f"log_dest file {self.workdir}/mosquitto.log\nlog_type all\n"
             + (self.extra_config or "allow_anonymous true\n")
         )
@@ -50,11 +56,15 @@ class Mosquitto:
         exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         config = self.workdir / "mosquitto.conf"
         config.write_text(self.config_text())
-        self.proc = subprocess.Popen([exe, "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [exe, "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + 20
         while not _port_open(self.port):  # ready when the port accepts
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mosquitto did not start: {(self.workdir / 'mosquitto.log').read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"mosquitto did not start: {(self.workdir / 'mosquitto.log').read_text()[-2000:]}"
+                )
             time.sleep(0.02)
         self.starts += 1
         return self

@@ -207,6 +207,10 @@ class FleetClient:
                 raise lost[0] from None
             raise
 
+    def outbox_seq(self) -> int:
+        """Number of the last telemetry message produced."""
+        return self.outbox.last_seq("telemetry")
+
     # -- outgoing -------------------------------------------------------------------------
 
     def _status(self, *, online: bool) -> bytes:

@@ -15,7 +15,6 @@ from agent.protocol.errors import ProtocolError, Rejection
 from agent.protocol.messages import FileRef
 
 log = logging.getLogger("edgefleet.agent.fleet")
-_CHUNK = 256 * 1024
 
 
 def _sha256(path: Path) -> str:
@@ -122,7 +121,7 @@ async def _fetch_once(
         with part.open("r+b" if offset else "wb") as fh:
             fh.seek(offset)
             fh.truncate()
-            async for chunk in resp.aiter_bytes(_CHUNK):
+            async for chunk in resp.aiter_bytes():  # as received: a crash keeps what arrived
                 written += len(chunk)
                 if written > ref.size:
                     raise ProtocolError(

@@ -135,6 +135,12 @@ class Outbox:
             self._db.execute("SELECT COALESCE(SUM(length(payload)), 0) FROM outbox").fetchone()[0]
         )
 
+    def last_seq(self, kind: str) -> int:
+        row = self._db.execute(
+            "SELECT value FROM counters WHERE name = ?", (f"seq_{kind}",)
+        ).fetchone()
+        return int(row[0]) if row else 0
+
     def dropped(self, kind: str) -> int:
         row = self._db.execute(
             "SELECT value FROM counters WHERE name = ?", (f"dropped_{kind}",)

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,18 @@ class ModelStore:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
         return target
+
+    def pin(self, model: str, versions: list[int]) -> None:
+        """Before a new version directory appears next to a model that is not yet pinned,
+        pin what it serves now: a "latest" policy would otherwise pick up the uncommitted
+        version on the next restart."""
+        path = self.repository / model / CONFIG_FILE
+        doc: dict[str, Any] = tomllib.loads(path.read_text()) if path.is_file() else {}
+        policy = doc.get("version_policy", {})
+        if "specific" in policy or not versions:
+            return
+        doc["version_policy"] = {"specific": sorted(versions)}
+        write_atomically(path, tomli_w.dumps(doc).encode())
 
     def commit(self, model: str, version: int, config: dict[str, Any]) -> None:
         """Point the model at ``version``: the one step that changes what a restart serves."""

@@ -206,6 +206,8 @@ class Updater:
             )
             done += ref.size
         say(UpdateState.DOWNLOADING, progress=1.0)
+        entry = self.manager.models.get(m.model)
+        self.store.pin(m.model, sorted(entry.served) if entry else [])
         version_dir = await asyncio.to_thread(self.store.install, m.model, m.version, files, refs)
         for path in files.values():
             path.unlink(missing_ok=True)

@@ -63,7 +63,8 @@ def verify_manifest(
         claimed_model = envelope.signed.get("model")
         claimed_seq = envelope.signed.get("sequence")
         raise ProtocolError(
-            exc.code, exc.message,
+            exc.code,
+            exc.message,
             model=claimed_model if isinstance(claimed_model, str) else None,
             sequence=claimed_seq if type(claimed_seq) is int else None,
         ) from None

@@ -75,7 +75,11 @@ class ArtifactServer:
             sent = 0
             for offset in range(0, len(body), 65536):
                 chunk = body[offset : offset + 65536]
-                if fault and fault.drop_after_bytes is not None and sent + len(chunk) > fault.drop_after_bytes:
+                if (
+                    fault
+                    and fault.drop_after_bytes is not None
+                    and sent + len(chunk) > fault.drop_after_bytes
+                ):
                     yield chunk[: fault.drop_after_bytes - sent]
                     raise ConnectionAbortedError("fault: dropped mid-download")
                 if fault and fault.hold is not None and sent >= 65536:
@@ -92,7 +96,9 @@ def artifact_server(root: Path) -> Iterator[ArtifactServer]:
     server_state = ArtifactServer(root)
     app = Starlette(routes=[Route("/artifacts/sha256/{digest}", server_state._serve)])
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", loop="asyncio"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", loop="asyncio")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_until(lambda: server.started, what="the artifact server")

@@ -37,7 +37,9 @@ def fleet(broker: Mosquitto, artifacts: ArtifactServer) -> Iterator[Fleet]:
     f.close()
 
 
-def fleet_settings(fleet: Fleet, broker: Mosquitto, state_dir: Path, **overrides: Any) -> FleetSettings:
+def fleet_settings(
+    fleet: Fleet, broker: Mosquitto, state_dir: Path, **overrides: Any
+) -> FleetSettings:
     trust = fleet.write_trust_root(state_dir.parent / f"{state_dir.name}-trust.json")
     values: dict[str, Any] = {
         "mqtt_url": broker.url, "device_id": "dev-1", "state_dir": state_dir, "trust_root_file": trust,
@@ -52,12 +54,18 @@ AgentFactory = Callable[..., AbstractContextManager[RunningAgent]]
 
 
 @pytest.fixture
-def fleet_agent(example_repo: Path, tmp_path: Path, fleet: Fleet, broker: Mosquitto) -> AgentFactory:
+def fleet_agent(
+    example_repo: Path, tmp_path: Path, fleet: Fleet, broker: Mosquitto
+) -> AgentFactory:
     """Start an agent serving the example mlp (version 1) with its fleet client on."""
 
-    def start(*, device_id: str = "dev-1", repo: Path | None = None, **fleet_overrides: Any) -> AbstractContextManager[RunningAgent]:
+    def start(
+        *, device_id: str = "dev-1", repo: Path | None = None, **fleet_overrides: Any
+    ) -> AbstractContextManager[RunningAgent]:
         repository = repo or copy_models(example_repo, tmp_path / f"repo-{device_id}", "mlp")
-        settings = fleet_settings(fleet, broker, tmp_path / f"state-{device_id}", device_id=device_id, **fleet_overrides)
+        settings = fleet_settings(
+            fleet, broker, tmp_path / f"state-{device_id}", device_id=device_id, **fleet_overrides
+        )
         return serve(repository, fleet=settings)
 
     return start

@@ -21,9 +21,9 @@ def mlp_version(directory: Path, seed: int) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     layers = mlp_layers(seed)
     onnx.save(mlp_onnx(layers), directory / "model.onnx")
-    GoldenSample({"input": GOLDEN_X}, {"logits": mlp_forward(GOLDEN_X, layers).astype(np.float32)}).save(
-        directory / GOLDEN_FILE
-    )
+    GoldenSample(
+        {"input": GOLDEN_X}, {"logits": mlp_forward(GOLDEN_X, layers).astype(np.float32)}
+    ).save(directory / GOLDEN_FILE)
     return directory
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from agent.protocol.messages import DesiredState, DeviceStatus, Telemetry, UpdateEvent
 from agent.protocol.signing import SigningKey, TrustRoot, sign_envelope
@@ -46,7 +48,11 @@ class Fleet:
                                    protocol=mqtt.MQTTv5)  # fmt: skip
         self._client.on_message = self._on_message
         self._client.on_connect = lambda c, *_: c.subscribe(self.topics.all_devices("#"), qos=1)
-        self._client.connect(host, int(port))
+        # A persistent session: the broker keeps what devices publish while we reconnect.
+        properties = Properties(PacketTypes.CONNECT)
+        properties.SessionExpiryInterval = 3600
+        self._client.reconnect_delay_set(0.05, 0.5)
+        self._client.connect(host, int(port), clean_start=False, properties=properties)
         self._client.loop_start()
 
     def close(self) -> None:
@@ -58,13 +64,17 @@ class Fleet:
             self.received.append((message.topic, bytes(message.payload)))
             self._cond.notify_all()
 
-    def wait(self, predicate: Callable[[], Any], timeout_s: float = 60, what: str = "a message") -> Any:
+    def wait(
+        self, predicate: Callable[[], Any], timeout_s: float = 60, what: str = "a message"
+    ) -> Any:
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while not (result := predicate()):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(f"timed out waiting for {what}; events: {self.events_summary()}")
+                    raise TimeoutError(
+                        f"timed out waiting for {what}; events: {self.events_summary()}"
+                    )
                 self._cond.wait(remaining)
             return result
 
@@ -74,12 +84,18 @@ class Fleet:
         return new_trust_root(self.root_key, [self.manifest_key], **kwargs)
 
     def write_trust_root(self, path: Path) -> Path:
-        path.write_text(sign_envelope(self.trust_root().model_dump(mode="json"), self.root_key).model_dump_json())
+        path.write_text(
+            sign_envelope(
+                self.trust_root().model_dump(mode="json"), self.root_key
+            ).model_dump_json()
+        )
         return path
 
     def publish_trust(self, trust: TrustRoot, *signers: SigningKey) -> None:
         envelope = sign_envelope(trust.model_dump(mode="json"), *(signers or (self.root_key,)))
-        self._client.publish(self.topics.trust, envelope.model_dump_json(), qos=1, retain=True).wait_for_publish(10)
+        self._client.publish(
+            self.topics.trust, envelope.model_dump_json(), qos=1, retain=True
+        ).wait_for_publish(10)
 
     # -- manifests ---------------------------------------------------------------------
 
@@ -111,8 +127,12 @@ class Fleet:
         return sign_envelope(payload, key or self.manifest_key).model_dump(mode="json")
 
     def publish_desired(self, device_id: str, *envelopes: dict[str, Any]) -> None:
-        desired = DesiredState(device_id=device_id, issued_at=datetime.now(UTC), manifests=list(envelopes))
-        self.publish_raw(self.topics.desired(device_id), desired.model_dump_json().encode(), retain=True)
+        desired = DesiredState(
+            device_id=device_id, issued_at=datetime.now(UTC), manifests=list(envelopes)
+        )
+        self.publish_raw(
+            self.topics.desired(device_id), desired.model_dump_json().encode(), retain=True
+        )
 
     def publish_raw(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         self._client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(10)
@@ -122,7 +142,9 @@ class Fleet:
         payload = {"schema_version": 1, "command_id": uuid.uuid4().hex, "device_id": device_id, "type": "rollback",
                    "model": model, "reason": "operator asked", "issued_at": now.isoformat(),
                    "expires_at": (now + timedelta(minutes=5)).isoformat()}  # fmt: skip
-        self.publish_raw(self.topics.commands(device_id), json.dumps(self.sign(payload, key)).encode())
+        self.publish_raw(
+            self.topics.commands(device_id), json.dumps(self.sign(payload, key)).encode()
+        )
 
     # -- what devices said ---------------------------------------------------------------
 

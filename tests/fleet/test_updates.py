@@ -23,8 +23,19 @@ X = np.random.default_rng(5).standard_normal((3, 256)).astype(np.float32)
 
 
 def infer(agent: RunningAgent, x: np.ndarray = X) -> httpx.Response:
-    return agent.client.post("/v2/models/mlp/infer", json={"inputs": [
-        {"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]})
+    return agent.client.post(
+        "/v2/models/mlp/infer",
+        json={
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "data": x.ravel().tolist(),
+                }
+            ]
+        },
+    )
 
 
 def served(agent: RunningAgent) -> tuple[str, np.ndarray]:
@@ -34,24 +45,37 @@ def served(agent: RunningAgent) -> tuple[str, np.ndarray]:
     return resp.json()["model_version"], np.array(out["data"], np.float32).reshape(out["shape"])
 
 
-def test_good_update_is_committed_and_the_new_version_answers(fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path) -> None:
+def test_good_update_is_committed_and_the_new_version_answers(
+    fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
+) -> None:
     v2 = mlp_version(tmp_path / "v2", seed=99)
     with fleet_agent() as agent:
         assert served(agent)[0] == "1"
-        fleet.publish_desired("dev-1", fleet.sign(fleet.manifest("mlp", 2, 1, v2, config={"batching": {"max_batch_size": 8}})))
+        fleet.publish_desired(
+            "dev-1",
+            fleet.sign(fleet.manifest("mlp", 2, 1, v2, config={"batching": {"max_batch_size": 8}})),
+        )
         fleet.wait_event("dev-1", "committed", sequence=1)
         version, out = served(agent)
         assert version == "2"
         np.testing.assert_allclose(out, mlp_forward(X, mlp_layers(99)), rtol=1e-4, atol=1e-4)
         states = [e.state.value for e in fleet.events("dev-1") if e.sequence == 1]
-        assert [s for s in states if s != "downloading"] == ["received", "verified", "staged", "active", "committed"]
+        assert [s for s in states if s != "downloading"] == [
+            "received",
+            "verified",
+            "staged",
+            "active",
+            "committed",
+        ]
         assert "downloading" in states
         status = fleet.wait(lambda: [s for s in fleet.statuses("dev-1") if s.online and any(m.version == 2 for m in s.models)],
                             what="a birth message with version 2")[-1]  # fmt: skip
         assert status.hardware_profile == "generic-x86_64" and status.labels == {"site": "lab"}
         assert [(m.model, m.version, m.sequence) for m in status.models] == [("mlp", 2, 1)]
         config = tomllib.loads((agent.state.manager.repository / "mlp/config.toml").read_text())
-        assert config["version_policy"] == {"specific": [2]} and config["batching"] == {"max_batch_size": 8}
+        assert config["version_policy"] == {"specific": [2]} and config["batching"] == {
+            "max_batch_size": 8
+        }
         assert agent.client.get("/v2/models/mlp/config").json()["batching"]["max_batch_size"] == 8
 
 
@@ -77,9 +101,15 @@ def test_bad_update_is_rejected_with_its_reason_and_the_old_version_keeps_servin
         elif case == "unknown_key":
             key = SigningKey.generate()
         elif case == "revoked_key":
-            fleet.publish_trust(fleet.trust_root(version=2, revoked=[key.key_id]).model_copy(
-                update={"manifest_keys": [key.public(), SigningKey.generate().public()]}))
-            fleet.wait(lambda: agent.state.fleet is not None and agent.state.fleet.trust.version == 2, what="trust v2")
+            fleet.publish_trust(
+                fleet.trust_root(version=2, revoked=[key.key_id]).model_copy(
+                    update={"manifest_keys": [key.public(), SigningKey.generate().public()]}
+                )
+            )
+            fleet.wait(
+                lambda: agent.state.fleet is not None and agent.state.fleet.trust.version == 2,
+                what="trust v2",
+            )
         elif case == "expired":
             payload = fleet.manifest("mlp", 2, sequence, v2, issued_at=datetime.now(UTC) - timedelta(days=2),
                                      expires_in=timedelta(days=1))  # fmt: skip
@@ -95,7 +125,9 @@ def test_bad_update_is_rejected_with_its_reason_and_the_old_version_keeps_servin
         elif case == "size_mismatch":  # a truncated artifact, served completely and cleanly
             ref = payload["artifacts"][0]["files"][0]
             data = Path(fleet.artifacts.root / ref["sha256"]).read_bytes()
-            fleet.artifacts.faults[ref["sha256"]] = Fault(serve_bytes=data[: len(data) // 2], times=100)
+            fleet.artifacts.faults[ref["sha256"]] = Fault(
+                serve_bytes=data[: len(data) // 2], times=100
+            )
         envelope = fleet.sign(payload, key)
         if case == "bad_signature":
             envelope["signed"]["version"] = 3  # changed after signing
@@ -107,16 +139,33 @@ def test_bad_update_is_rejected_with_its_reason_and_the_old_version_keeps_servin
         assert served(agent)[0] == expected_version
         assert agent.client.get("/v2/health/ready").status_code == 200
         metrics = agent.client.get("/metrics").text
-        if case in ("bad_signature", "unknown_key", "revoked_key", "expired", "replayed", "wrong_target", "no_artifact"):
-            assert f'edgefleet_fleet_messages_rejected_total{{code="{case}",topic="desired"}} 1.0' in metrics
+        if case in (
+            "bad_signature",
+            "unknown_key",
+            "revoked_key",
+            "expired",
+            "replayed",
+            "wrong_target",
+            "no_artifact",
+        ):
+            assert (
+                f'edgefleet_fleet_messages_rejected_total{{code="{case}",topic="desired"}} 1.0'
+                in metrics
+            )
         staging = agent.state.manager.repository / ".staging"
-        assert not [p for p in staging.iterdir() if p.suffix == ".part"], "a failed download left a partial file"
+        assert not [p for p in staging.iterdir() if p.suffix == ".part"], (
+            "a failed download left a partial file"
+        )
 
 
-def test_self_test_failure_rolls_back(fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path) -> None:
+def test_self_test_failure_rolls_back(
+    fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
+) -> None:
     v2 = mlp_version(tmp_path / "v2", seed=99)
     mlp_version(tmp_path / "other", seed=1)
-    (v2 / "golden.npz").write_bytes((tmp_path / "other/golden.npz").read_bytes())  # expects another model's answer
+    (v2 / "golden.npz").write_bytes(
+        (tmp_path / "other/golden.npz").read_bytes()
+    )  # expects another model's answer
     with fleet_agent() as agent:
         fleet.publish_desired("dev-1", fleet.sign(fleet.manifest("mlp", 2, 1, v2)))
         event = fleet.wait_event("dev-1", "rolled_back", sequence=1)
@@ -125,7 +174,9 @@ def test_self_test_failure_rolls_back(fleet: Fleet, fleet_agent: AgentFactory, t
         assert "active" not in [e.state.value for e in fleet.events("dev-1")]
 
 
-def test_health_window_failure_rolls_back(fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path) -> None:
+def test_health_window_failure_rolls_back(
+    fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
+) -> None:
     v2 = fragile_mlp_version(tmp_path / "v2", seed=99)
     health = {"window_s": 30, "min_requests": 10, "max_error_rate": 0.05}
     with fleet_agent() as agent:
@@ -144,9 +195,13 @@ def test_health_window_failure_rolls_back(fleet: Fleet, fleet_agent: AgentFactor
         assert state.failed_sequence == 1 and state.committed_sequence is None
         # the retained desired state comes again on every reconnect: it is not retried
         fleet.publish_desired("dev-1", fleet.sign(fleet.manifest("mlp", 2, 1, v2, health=health)))
-        fleet.publish_desired("dev-1", fleet.sign(fleet.manifest("mlp", 3, 2, mlp_version(tmp_path / "v3", seed=3))))
+        fleet.publish_desired(
+            "dev-1", fleet.sign(fleet.manifest("mlp", 3, 2, mlp_version(tmp_path / "v3", seed=3)))
+        )
         fleet.wait_event("dev-1", "committed", sequence=2)
-        assert [e.state.value for e in fleet.events("dev-1") if e.sequence == 1].count("received") == 1
+        assert [e.state.value for e in fleet.events("dev-1") if e.sequence == 1].count(
+            "received"
+        ) == 1
 
 
 def test_fleet_rollback_command_returns_to_the_previous_committed_version(
@@ -154,7 +209,14 @@ def test_fleet_rollback_command_returns_to_the_previous_committed_version(
 ) -> None:
     with fleet_agent() as agent:
         for version, seq in ((2, 1), (3, 2)):
-            fleet.publish_desired("dev-1", fleet.sign(fleet.manifest("mlp", version, seq, mlp_version(tmp_path / f"v{version}", seed=version))))
+            fleet.publish_desired(
+                "dev-1",
+                fleet.sign(
+                    fleet.manifest(
+                        "mlp", version, seq, mlp_version(tmp_path / f"v{version}", seed=version)
+                    )
+                ),
+            )
             fleet.wait_event("dev-1", "committed", sequence=seq)
         assert served(agent)[0] == "3"
         fleet.command("dev-1", "mlp")
@@ -162,27 +224,50 @@ def test_fleet_rollback_command_returns_to_the_previous_committed_version(
         assert event.code == "fleet_command" and event.version == 2
         assert served(agent)[0] == "2"
         fleet.command("dev-1", "mlp", key=SigningKey.generate())  # an unsigned-by-us command
-        rejected = fleet.wait(lambda: [e for e in fleet.events("dev-1") if e.code == "unknown_key"], what="refusal")
+        rejected = fleet.wait(
+            lambda: [e for e in fleet.events("dev-1") if e.code == "unknown_key"], what="refusal"
+        )
         assert rejected and served(agent)[0] == "2"
 
 
-def test_key_rotation_then_an_update_signed_with_the_new_key(fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path) -> None:
+def test_key_rotation_then_an_update_signed_with_the_new_key(
+    fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
+) -> None:
     new_key = SigningKey.generate()
     with fleet_agent() as agent:
         # step 1: announce the new key beside the old one, signed by the root key
-        fleet.publish_trust(fleet.trust_root(version=2).model_copy(
-            update={"manifest_keys": [fleet.manifest_key.public(), new_key.public()]}))
+        fleet.publish_trust(
+            fleet.trust_root(version=2).model_copy(
+                update={"manifest_keys": [fleet.manifest_key.public(), new_key.public()]}
+            )
+        )
         fleet.wait(lambda: agent.state.fleet.trust.version == 2, what="trust root v2")  # type: ignore[union-attr]
-        fleet.publish_desired("dev-1", fleet.sign(fleet.manifest("mlp", 2, 1, mlp_version(tmp_path / "v2", seed=2)), new_key))
+        fleet.publish_desired(
+            "dev-1",
+            fleet.sign(fleet.manifest("mlp", 2, 1, mlp_version(tmp_path / "v2", seed=2)), new_key),
+        )
         fleet.wait_event("dev-1", "committed", sequence=1)
         # step 2: retire the old key; an update it signs is refused
-        fleet.publish_trust(fleet.trust_root(version=3, revoked=[fleet.manifest_key.key_id]).model_copy(
-            update={"manifest_keys": [new_key.public()]}))
+        fleet.publish_trust(
+            fleet.trust_root(version=3, revoked=[fleet.manifest_key.key_id]).model_copy(
+                update={"manifest_keys": [new_key.public()]}
+            )
+        )
         fleet.wait(lambda: agent.state.fleet.trust.version == 3, what="trust root v3")  # type: ignore[union-attr]
-        fleet.publish_desired("dev-1", fleet.sign(fleet.manifest("mlp", 3, 2, mlp_version(tmp_path / "v3", seed=3))))
+        fleet.publish_desired(
+            "dev-1", fleet.sign(fleet.manifest("mlp", 3, 2, mlp_version(tmp_path / "v3", seed=3)))
+        )
         assert fleet.wait_event("dev-1", "rejected", sequence=2).code == "revoked_key"
         # a trust update signed by a manifest key (not a root key) is ignored
-        fleet.publish_trust(fleet.trust_root(version=4).model_copy(update={"manifest_keys": [fleet.manifest_key.public()]}), new_key)
-        fleet.wait(lambda: agent.client.get("/metrics").text.count('code="insufficient_signatures"'), what="refusal")
+        fleet.publish_trust(
+            fleet.trust_root(version=4).model_copy(
+                update={"manifest_keys": [fleet.manifest_key.public()]}
+            ),
+            new_key,
+        )
+        fleet.wait(
+            lambda: agent.client.get("/metrics").text.count('code="insufficient_signatures"'),
+            what="refusal",
+        )
         assert agent.state.fleet.trust.version == 3  # type: ignore[union-attr]
         assert served(agent)[0] == "2"

@@ -1,0 +1,184 @@
+"""Faults on real processes: the broker killed mid-update, a device offline during publication,
+the agent SIGKILLed during a download and during a switch, telemetry while the broker is down."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import httpx
+import tomli_w
+
+from tests.agent.process import AgentProcess, agent_process
+from tests.agent.server import copy_models, wait_until
+from tests.fleet.artifacts import Fault
+from tests.fleet.conftest import AgentFactory, fleet_settings
+from tests.fleet.models import mlp_version
+from tests.fleet.publisher import Fleet
+from tests.fleet.test_updates import served
+from tests.mqtt_broker import Mosquitto
+
+
+def test_broker_killed_and_restarted_mid_update_the_update_completes(
+    fleet: Fleet, fleet_agent: AgentFactory, broker: Mosquitto, tmp_path: Path
+) -> None:
+    v2 = mlp_version(tmp_path / "v2", seed=2)
+    payload = fleet.manifest("mlp", 2, 1, v2)
+    hold = threading.Event()
+    fleet.artifacts.faults[payload["artifacts"][0]["files"][0]["sha256"]] = Fault(hold=hold)
+    with fleet_agent() as agent:
+        fleet.publish_desired("dev-1", fleet.sign(payload))
+        fleet.wait_event("dev-1", "downloading", sequence=1)
+        broker.stop(kill=True)  # mid-download
+        wait_until(lambda: not agent.state.fleet.connected.is_set(), what="the agent to notice")  # type: ignore[union-attr]
+        broker.start()
+        hold.set()
+        fleet.wait_event("dev-1", "committed", sequence=1)
+        assert served(agent)[0] == "2"
+        assert agent.state.fleet.connected.is_set()  # type: ignore[union-attr]
+
+
+def test_device_offline_during_publication_converges_on_reconnect(
+    fleet: Fleet, fleet_agent: AgentFactory, example_repo: Path, tmp_path: Path
+) -> None:
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    with fleet_agent(repo=repo) as agent:
+        assert served(agent)[0] == "1"
+    offline = [s for s in fleet.statuses("dev-1") if not s.online]
+    assert offline, "a clean shutdown publishes the offline status"
+    fleet.publish_desired(
+        "dev-1", fleet.sign(fleet.manifest("mlp", 2, 1, mlp_version(tmp_path / "v2", seed=2)))
+    )
+    with fleet_agent(repo=repo) as agent:  # same repository and state directory: the same device
+        fleet.wait_event("dev-1", "committed", sequence=1)
+        assert served(agent)[0] == "2"
+
+
+def _process_config(
+    tmp_path: Path, fleet: Fleet, broker: Mosquitto, repo: Path, **fleet_extra: object
+) -> Path:
+    settings = fleet_settings(fleet, broker, tmp_path / "state", device_id="dev-k", **fleet_extra)
+    doc = {
+        "model_repository": str(repo), "port": 0, "log_level": "INFO",
+        "fleet": {k: (str(v) if isinstance(v, Path) else v) for k, v in settings.model_dump(exclude_none=True).items()},
+    }  # fmt: skip
+    path = tmp_path / "agent.toml"
+    path.write_text(tomli_w.dumps(doc))
+    return path
+
+
+def _version_answering(address: str) -> str:
+    body = {
+        "inputs": [{"name": "input", "shape": [1, 256], "datatype": "FP32", "data": [0.0] * 256}]
+    }
+    return str(httpx.post(f"{address}/v2/models/mlp/infer", json=body).json()["model_version"])
+
+
+def _first_loaded(agent: AgentProcess) -> object:
+    """The version of mlp the agent's start-up load brought up (from its JSON log)."""
+
+    def loaded() -> list[dict[str, object]]:
+        return [
+            r
+            for r in agent.logs
+            if r.get("message") == "version loaded" and r.get("model") == "mlp"
+        ]
+
+    wait_until(loaded, what="the start-up load")
+    return loaded()[0]["version"]
+
+
+def _ready(address: str) -> bool:
+    try:
+        return httpx.get(f"{address}/v2/health/ready").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_sigkill_during_download_resumes_and_commits(
+    fleet: Fleet, broker: Mosquitto, example_repo: Path, tmp_path: Path
+) -> None:
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    config = _process_config(tmp_path, fleet, broker, repo)
+    payload = fleet.manifest("mlp", 2, 1, mlp_version(tmp_path / "v2", seed=2))
+    model_ref = payload["artifacts"][0]["files"][0]
+    hold = threading.Event()
+    fleet.artifacts.faults[model_ref["sha256"]] = Fault(hold=hold)
+    fleet.publish_desired("dev-k", fleet.sign(payload))
+    with agent_process("--config", str(config)) as agent:
+        fleet.wait_event("dev-k", "downloading", sequence=1)
+        wait_until(
+            lambda: any(p.stat().st_size > 0 for p in (repo / ".staging").glob("*.part")),
+            what="a partial download",
+        )
+        agent.proc.kill()
+        agent.proc.wait(timeout=30)
+    hold.set()
+    with agent_process("--config", str(config)) as agent:
+        assert _first_loaded(agent) == 1  # the committed version serves after the crash
+        fleet.wait(
+            lambda: [e for e in fleet.events("dev-k") if e.state.value == "committed"],
+            what="commit",
+        )
+        wait_until(lambda: _ready(agent.address), what="readiness")
+        assert _version_answering(agent.address) == "2"
+    ranges = [r for d, r in fleet.artifacts.requests if d == model_ref["sha256"]]
+    assert ranges[0] is None and ranges[-1] is not None and ranges[-1].startswith("bytes="), (
+        ranges
+    )  # resumed
+
+
+def test_sigkill_during_the_switch_comes_back_on_the_committed_version(
+    fleet: Fleet, broker: Mosquitto, example_repo: Path, tmp_path: Path
+) -> None:
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    config = _process_config(tmp_path, fleet, broker, repo)
+    v2 = mlp_version(tmp_path / "v2", seed=2)
+    # a long health window: the SIGKILL lands while version 2 is active but not committed
+    fleet.publish_desired(
+        "dev-k", fleet.sign(fleet.manifest("mlp", 2, 1, v2, health={"window_s": 3600}))
+    )
+    with agent_process("--config", str(config)) as agent:
+        fleet.wait_event("dev-k", "active", sequence=1)
+        agent.proc.kill()
+        agent.proc.wait(timeout=30)
+    assert (repo / "mlp/2").is_dir() and "specific = [\n    1,\n]" in (
+        repo / "mlp/config.toml"
+    ).read_text()
+    # the same manifest with a short window, as an operator would publish next
+    fleet.publish_desired("dev-k", fleet.sign(fleet.manifest("mlp", 2, 2, v2)))
+    with agent_process("--config", str(config)) as agent:
+        assert _first_loaded(agent) == 1
+        fleet.wait_event("dev-k", "committed", sequence=2)
+        wait_until(lambda: _ready(agent.address), what="readiness")
+        assert _version_answering(agent.address) == "2"
+
+
+def test_telemetry_while_the_broker_is_down_arrives_after_reconnect_none_lost(
+    fleet: Fleet, fleet_agent: AgentFactory, broker: Mosquitto
+) -> None:
+    with fleet_agent() as agent:
+        client = agent.state.fleet
+        assert client is not None
+        fleet.wait(lambda: len(fleet.telemetry("dev-1")) >= 3, what="telemetry")
+        broker.stop(kill=True)
+        wait_until(lambda: not client.connected.is_set(), what="the agent to notice")
+        wait_until(lambda: len(client.outbox) >= 10, what="telemetry to pile up offline")
+        buffered = len(client.outbox)
+        for _ in range(20):  # and traffic while offline, so the telemetry carries counts
+            agent.client.post("/v1/models/mlp:predict", json={"instances": [[0.0] * 256]})
+        broker.start()
+        wait_until(
+            lambda: client.connected.is_set() and len(client.outbox) == 0,
+            what="the outbox to drain",
+        )
+        produced = client.outbox_seq()
+        seqs = fleet.wait(lambda: (s := sorted({t.seq for t in fleet.telemetry("dev-1")})) and s[-1] >= produced and s,
+                          what="every telemetry message")  # fmt: skip
+    assert seqs[:produced] == list(range(1, produced + 1)), "telemetry was lost"
+    assert buffered >= 10
+    assert all(t.dropped == 0 for t in fleet.telemetry("dev-1"))
+    counted = sum(
+        m.requests for t in fleet.telemetry("dev-1") for m in t.models if m.model == "mlp"
+    )
+    assert counted >= 20  # the offline traffic was reported after reconnect
