@@ -113,6 +113,8 @@ def test_sigkill_during_download_resumes_and_commits(
         )
         agent.proc.kill()
         agent.proc.wait(timeout=30)
+    # the broker publishes the last will for the vanished device
+    fleet.wait(lambda: [s for s in fleet.statuses("dev-k") if not s.online], what="the last will")
     hold.set()
     with agent_process("--config", str(config)) as agent:
         assert _first_loaded(agent) == 1  # the committed version serves after the crash
@@ -178,6 +180,8 @@ def test_telemetry_while_the_broker_is_down_arrives_after_reconnect_none_lost(
     assert seqs[:produced] == list(range(1, produced + 1)), "telemetry was lost"
     assert buffered >= 10
     assert all(t.dropped == 0 for t in fleet.telemetry("dev-1"))
+    last = fleet.telemetry("dev-1")[-1]
+    assert last.device.memory_total_bytes and last.device.cpu_percent is not None
     counted = sum(
         m.requests for t in fleet.telemetry("dev-1") for m in t.models if m.model == "mlp"
     )

@@ -79,6 +79,15 @@ def test_good_update_is_committed_and_the_new_version_answers(
         assert agent.client.get("/v2/models/mlp/config").json()["batching"]["max_batch_size"] == 8
 
 
+def test_update_over_mqtt_3_1_1(fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path) -> None:
+    with fleet_agent(mqtt_protocol="3.1.1") as agent:
+        fleet.publish_desired(
+            "dev-1", fleet.sign(fleet.manifest("mlp", 2, 1, mlp_version(tmp_path / "v2", seed=99)))
+        )
+        fleet.wait_event("dev-1", "committed", sequence=1)
+        assert served(agent)[0] == "2"
+
+
 REJECTIONS = ["bad_signature", "unknown_key", "revoked_key", "expired", "replayed", "wrong_target",
               "digest_mismatch", "size_mismatch", "oversize", "no_artifact"]  # fmt: skip
 
