@@ -85,7 +85,7 @@ def bind_socket(settings: AgentSettings) -> socket.socket:
     return sock
 
 
-class _Server(uvicorn.Server):
+class GracefulServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         """Handle SIGINT/SIGTERM as uvicorn does, without raising the signal again afterwards:
@@ -126,7 +126,7 @@ def run(settings: AgentSettings) -> None:
     log.info(
         "agent listening", extra={"address": where, "repository": str(settings.model_repository)}
     )
-    server = _Server(server_config(settings, state))
+    server = GracefulServer(server_config(settings, state))
     try:
         server.run(sockets=[sock])
     finally:

@@ -4,7 +4,7 @@ environment variables (``__`` for nesting), then command-line flags."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import Field
 from pydantic_settings import (
@@ -83,19 +83,23 @@ class AgentSettings(BaseSettings):
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
 
 
-def load_settings(config_file: Path | None = None, **overrides: object) -> AgentSettings:
-    """Build settings; ``overrides`` (command-line flags) win over the environment and file.
+S = TypeVar("S", bound=BaseSettings)
+
+
+def settings_from(cls: type[S], config_file: Path | None = None, **overrides: object) -> S:
+    """Build ``cls``; a TOML file is read under the environment, flags (``overrides``) win.
 
     Raises:
         FileNotFoundError: ``config_file`` was given and does not exist.
     """
-    cls = AgentSettings
     if config_file is not None:
         if not config_file.is_file():
             raise FileNotFoundError(f"settings file {config_file} does not exist")
+        cls = type(
+            cls.__name__, (cls,), {"model_config": SettingsConfigDict(toml_file=config_file)}
+        )
+    return cls(**{k: v for k, v in overrides.items() if v is not None})
 
-        class FileSettings(AgentSettings):
-            model_config = SettingsConfigDict(toml_file=config_file)
 
-        cls = FileSettings
-    return cls(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+def load_settings(config_file: Path | None = None, **overrides: object) -> AgentSettings:
+    return settings_from(AgentSettings, config_file, **overrides)

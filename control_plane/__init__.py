@@ -1,4 +1,2 @@
-"""The edgefleet control plane: model registry, device inventory and staged rollouts.
-
-Nothing is implemented here yet; the package exists so the layout is importable.
-"""
+"""The edgefleet control plane: model registry, device inventory, staged rollouts with health
+gates and automatic rollback, telemetry store, operator API and CLI."""

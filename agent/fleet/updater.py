@@ -42,6 +42,8 @@ log = logging.getLogger("edgefleet.agent.fleet")
 # Failures worth a retry when the desired state comes again; the others mark the sequence failed.
 TRANSIENT = frozenset({Rejection.DOWNLOAD_FAILED, Rejection.DISK_FULL})
 BASELINE_S = 300.0
+RETRY_BASE_S = 2.0
+RETRY_MAX_S = 300.0
 """How far back the previous version's latency is read for the p99 comparison."""
 
 
@@ -81,6 +83,8 @@ class Updater:
         self.on_change = on_change
         self.on_done = on_done
         self._queue: asyncio.Queue[VerifiedManifest | Command] = asyncio.Queue()
+        self._retries: dict[tuple[str, int], int] = {}
+        self._timers: set[asyncio.Task[None]] = set()
         self.busy = False
 
     def submit(self, item: VerifiedManifest | Command) -> None:
@@ -89,17 +93,24 @@ class Updater:
     async def run(self) -> None:
         timeout = httpx.Timeout(self.settings.download_timeout_s)
         async with httpx.AsyncClient(timeout=timeout, follow_redirects=True) as http:
-            while True:
-                item = await self._queue.get()
-                self.busy = True
-                try:
-                    if isinstance(item, Command):
-                        await self.rollback(item)
-                    else:
-                        await self.apply(item, http)
-                        self.on_done((item.manifest.model, item.manifest.sequence))
-                finally:
-                    self.busy = self._queue.qsize() > 0
+            try:
+                await self._serve(http)
+            finally:
+                for task in self._timers:
+                    task.cancel()
+
+    async def _serve(self, http: httpx.AsyncClient) -> None:
+        while True:
+            item = await self._queue.get()
+            self.busy = True
+            try:
+                if isinstance(item, Command):
+                    await self.rollback(item)
+                else:
+                    await self.apply(item, http)
+                    self.on_done((item.manifest.model, item.manifest.sequence))
+            finally:
+                self.busy = self._queue.qsize() > 0
 
     # -- manifests ------------------------------------------------------------------------
 
@@ -144,9 +155,12 @@ class Updater:
             say(UpdateState.ACTIVE)
             verdict = await self._health_window(m.health, staged, previous, version_dir)
         except ProtocolError as exc:
-            if exc.code not in TRANSIENT:
-                ms.failed_sequence = m.sequence
-                self.files.save_state(self.state)
+            if exc.code in TRANSIENT:
+                delay = self._retry_later(vm)
+                say(UpdateState.DOWNLOADING, exc.code, f"{exc.message}; retrying in {delay:.0f} s")
+                return
+            ms.failed_sequence = m.sequence
+            self.files.save_state(self.state)
             log.warning(
                 "update rejected",
                 extra={
@@ -298,6 +312,22 @@ class Updater:
         keep = {m.version} | ({ms.previous_version} if ms.previous_version is not None else set())
         self.store.prune(m.model, set(sorted(keep)[-self.settings.keep_versions :]) | {m.version})
 
+    def _retry_later(self, vm: VerifiedManifest) -> float:
+        """Queue ``vm`` again after a growing delay (network and disk faults pass)."""
+        key = (vm.manifest.model, vm.manifest.sequence)
+        attempt = self._retries.get(key, 0) + 1
+        self._retries[key] = attempt
+        delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (attempt - 1))
+
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            self.submit(vm)
+
+        task = asyncio.create_task(later(), name=f"retry:{key}")
+        self._timers.add(task)
+        task.add_done_callback(self._timers.discard)
+        return delay
+
     # -- commands -------------------------------------------------------------------------
 
     async def rollback(self, command: Command) -> None:
@@ -311,6 +341,10 @@ class Updater:
                 Report(state, command.model, target, ms.committed_sequence, None, code, reason)
             )
 
+        if command.from_version is not None and ms.committed_version != command.from_version:
+            say(UpdateState.REJECTED, Rejection.NOTHING_TO_ROLL_BACK,
+                f"{command.model} runs version {ms.committed_version}, not {command.from_version}")  # fmt: skip
+            return
         if target is None or version_dir is None or not version_dir.is_dir():
             say(
                 UpdateState.REJECTED,

@@ -145,6 +145,9 @@ class Command(BaseModel):
     device_id: str
     type: CommandType
     model: str
+    from_version: int | None = None
+    """Roll back only if the device runs this version (a device that already rolled back
+    locally, or never got there, stays where it is)."""
     reason: str = ""
     issued_at: datetime
     expires_at: datetime

@@ -60,3 +60,16 @@ def fragile_mlp_version(directory: Path, seed: int) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, directory / "model.onnx")
     return directory
+
+
+def mlp_tflite_version(directory: Path, seed: int) -> Path:
+    """The same MLP as :func:`mlp_version`, as a .tflite flatbuffer."""
+    from runtimes.examples.tflite_models import mlp_tflite
+
+    directory.mkdir(parents=True, exist_ok=True)
+    layers = mlp_layers(seed)
+    (directory / "model.tflite").write_bytes(mlp_tflite(layers))
+    GoldenSample(
+        {"input": GOLDEN_X}, {"logits": mlp_forward(GOLDEN_X, layers).astype(np.float32)}
+    ).save(directory / GOLDEN_FILE)
+    return directory

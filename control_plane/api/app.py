@@ -1,0 +1,76 @@
+"""The control plane's FastAPI application."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST
+from sqlalchemy import text
+from starlette.responses import Response
+
+from agent import __version__
+from control_plane import maintenance
+from control_plane.api import admin, fleet, models
+from control_plane.api.deps import Services, handle_error, json_response
+from control_plane.auth import bootstrap_admin
+from control_plane.errors import ControlPlaneError
+from control_plane.trust import TrustManager
+
+log = logging.getLogger("edgefleet.control_plane")
+
+
+def create_app(svc: Services, trust: TrustManager) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        token_file = svc.settings.state_dir / "admin-token"
+        if await bootstrap_admin(svc.sessions, token_file):
+            log.warning("created the first admin token", extra={"file": str(token_file)})
+        await trust.ensure()
+        tasks = [
+            asyncio.create_task(svc.bus.run(), name="mqtt"),
+            asyncio.create_task(svc.ingestor.run(), name="ingest"),
+            asyncio.create_task(svc.engine.run(), name="rollouts"),
+            asyncio.create_task(maintenance.run(svc.sessions, svc.settings), name="maintenance"),
+        ]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await svc.ingestor.drain()
+            log.info("control plane stopped")
+
+    app = FastAPI(title="edgefleet control plane", version=__version__, lifespan=lifespan,
+                  description="Model registry, device inventory, staged rollouts, telemetry.")  # fmt: skip
+    app.state.services = svc
+    app.state.trust = trust
+    app.include_router(models.router)
+    app.include_router(models.artifacts)
+    app.include_router(fleet.router)
+    app.include_router(admin.router)
+    app.add_exception_handler(ControlPlaneError, handle_error)
+    app.add_exception_handler(RequestValidationError, handle_error)
+
+    @app.get("/health", tags=["Observability"], summary="Database and broker reachability")
+    async def health(request: Request) -> Response:
+        db_ok = True
+        try:
+            async with svc.sessions() as s:
+                await s.execute(text("SELECT 1"))
+        except Exception:
+            db_ok = False
+        ok = db_ok and svc.bus.connected.is_set()
+        return json_response({"status": "ok" if ok else "degraded", "database": db_ok,
+                              "mqtt": svc.bus.connected.is_set()}, 200 if ok else 503)  # fmt: skip
+
+    @app.get("/metrics", tags=["Observability"], summary="Prometheus metrics of the fleet")
+    async def metrics() -> Response:
+        return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

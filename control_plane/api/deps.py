@@ -1,0 +1,91 @@
+"""What the routes share: the wired services, authentication, roles, error mapping."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import orjson
+from fastapi import Depends, Request
+from fastapi.exceptions import RequestValidationError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from starlette.responses import Response
+
+from control_plane.auth import Principal, Role, authenticate
+from control_plane.bus import FleetBus
+from control_plane.errors import ControlPlaneError, Forbidden, Unauthorized
+from control_plane.ingest import Ingestor
+from control_plane.keys import KeyRing
+from control_plane.metrics import FleetMetrics
+from control_plane.registry import ArtifactStore
+from control_plane.rollouts import RolloutEngine
+from control_plane.settings import ControlPlaneSettings
+
+STATUS = {"not_found": 404, "invalid_request": 400, "conflict": 409, "payload_too_large": 413,
+          "unauthorized": 401, "forbidden": 403}  # fmt: skip
+
+
+@dataclass
+class Services:
+    settings: ControlPlaneSettings
+    sessions: async_sessionmaker[AsyncSession]
+    store: ArtifactStore
+    keys: KeyRing
+    bus: FleetBus
+    ingestor: Ingestor
+    engine: RolloutEngine
+    metrics: FleetMetrics
+
+
+def services(request: Request) -> Services:
+    svc: Services = request.app.state.services
+    return svc
+
+
+async def session(request: Request) -> AsyncIterator[AsyncSession]:
+    """A session per request. Routes that change something commit before they answer (so the
+    client's next call sees it); anything not committed is rolled back when the session closes."""
+    async with services(request).sessions() as s:
+        yield s
+
+
+def require(role: Role) -> Callable[[Request], Awaitable[Principal]]:
+    async def dependency(request: Request) -> Principal:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthorized("send 'Authorization: Bearer <token>'")
+        async with services(request).sessions() as s:
+            principal = await authenticate(s, token.strip())
+        if principal is None:
+            raise Unauthorized("the token is unknown or revoked")
+        if principal.role < role:
+            raise Forbidden(
+                f"this needs the {role.name.lower()} role; the token is {principal.role.name.lower()}"
+            )
+        return principal
+
+    return dependency
+
+
+SESSION = Depends(session)
+VIEWER = Depends(require(Role.VIEWER))
+OPERATOR = Depends(require(Role.OPERATOR))
+ADMIN = Depends(require(Role.ADMIN))
+
+
+def json_response(doc: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
+
+
+async def handle_error(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, ControlPlaneError):
+        status = STATUS.get(exc.code, 400)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        body = orjson.dumps({"error": exc.message, "code": exc.code})
+        return Response(body, status_code=status, media_type="application/json", headers=headers)
+    if isinstance(exc, RequestValidationError):
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"] if p != "body")
+        return json_response({"error": f"{field}: {first['msg']}", "code": "invalid_request"}, 400)
+    raise exc

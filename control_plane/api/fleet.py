@@ -1,0 +1,194 @@
+"""Fleet routes: devices, rollouts, telemetry."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import selectinload
+from starlette.responses import Response
+
+from control_plane import audit
+from control_plane.api.deps import OPERATOR, SESSION, VIEWER, json_response, services
+from control_plane.auth import Principal
+from control_plane.db.models import Device, Rollout, RolloutDevice, TelemetrySample
+from control_plane.errors import Invalid, NotFound
+from control_plane.rollouts import RolloutSpec
+
+router = APIRouter(prefix="/api/v1", tags=["Fleet"])
+
+
+def device_doc(d: Device) -> dict[str, Any]:
+    return {
+        "id": d.id, "hardware_profile": d.hardware_profile, "agent_version": d.agent_version,
+        "labels": d.labels, "reported_labels": d.reported_labels, "operator_labels": d.operator_labels,
+        "models": d.models, "online": d.online, "last_seen": d.last_seen.isoformat() if d.last_seen else None,
+    }  # fmt: skip
+
+
+def _selector(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise Invalid(f"label: expected key=value, got {pair!r}")
+        out[key] = value
+    return out
+
+
+@router.get(
+    "/devices", summary="Devices, filtered by labels (label=key=value), profile and presence"
+)
+async def list_devices(
+    label: list[str] = Query(default=[]), profile: str | None = None, online: bool | None = None,
+    s: AsyncSession = SESSION, _: Principal = VIEWER,
+) -> Response:  # fmt: skip
+    wanted = _selector(label)
+    devices = (await s.execute(select(Device).order_by(Device.id))).scalars()
+    return json_response([
+        device_doc(d) for d in devices
+        if all(d.labels.get(k) == v for k, v in wanted.items())
+        and (profile is None or d.hardware_profile == profile) and (online is None or d.online == online)
+    ])  # fmt: skip
+
+
+@router.get("/devices/{device_id}", summary="One device")
+async def show_device(device_id: str, s: AsyncSession = SESSION, _: Principal = VIEWER) -> Response:
+    device = await s.get(Device, device_id)
+    if device is None:
+        raise NotFound(f"no device {device_id!r}")
+    return json_response(device_doc(device))
+
+
+class LabelChange(BaseModel):
+    labels: dict[str, str | None]
+    """Set a label, or remove it with null."""
+
+
+@router.patch("/devices/{device_id}/labels", summary="Add, change or remove operator labels")
+async def set_labels(
+    device_id: str, body: LabelChange, s: AsyncSession = SESSION, who: Principal = OPERATOR
+) -> Response:
+    device = await s.get(Device, device_id)
+    if device is None:
+        raise NotFound(f"no device {device_id!r}")
+    labels = dict(device.operator_labels)
+    for key, value in body.labels.items():
+        if value is None:
+            labels.pop(key, None)
+        else:
+            labels[key] = value
+    device.operator_labels = labels
+    audit.record(s, who.name, "device.labels", device_id, labels=body.labels)
+    await s.commit()
+    return json_response(device_doc(device))
+
+
+def rollout_doc(r: Rollout) -> dict[str, Any]:
+    waves = []
+    for i, size in enumerate(r.waves):
+        members = [d for d in r.devices if d.wave == i]
+        states: dict[str, int] = {}
+        for d in members:
+            states[d.state] = states.get(d.state, 0) + 1
+        waves.append({"wave": i, "size": size, "devices": len(members), "states": states})
+    return {
+        "id": r.id, "model": r.model, "version": r.version, "sequence": r.sequence, "state": r.state,
+        "reason": r.reason, "current_wave": r.current_wave, "waves": waves, "selector": r.selector,
+        "profiles": r.profiles, "bake_time_s": r.bake_time_s, "device_timeout_s": r.device_timeout_s,
+        "gates": r.gates, "gate_report": r.gate_report, "created_by": r.created_by,
+        "created_at": r.created_at.isoformat(), "updated_at": r.updated_at.isoformat(),
+        "devices": [{"device_id": d.device_id, "wave": d.wave, "state": d.state, "reason": d.reason,
+                     "previous_version": d.previous_version} for d in r.devices],
+    }  # fmt: skip
+
+
+async def _rollout(s: AsyncSession, rollout_id: int) -> Rollout:
+    r = (
+        await s.execute(
+            select(Rollout).where(Rollout.id == rollout_id).options(selectinload(Rollout.devices))
+        )
+    ).scalar_one_or_none()
+    if r is None:
+        raise NotFound(f"no rollout {rollout_id}")
+    return r
+
+
+@router.post("/rollouts", status_code=201, summary="Start a staged rollout of a validated version")
+async def create_rollout(
+    spec: RolloutSpec, request: Request, who: Principal = OPERATOR
+) -> Response:
+    svc = services(request)
+    rollout_id = await svc.engine.create(spec, who.name)
+    async with svc.sessions.begin() as s:
+        audit.record(s, who.name, "rollout.create", f"rollout:{rollout_id}", **spec.model_dump())
+    async with svc.sessions() as s:
+        return json_response(rollout_doc(await _rollout(s, rollout_id)), 201)
+
+
+@router.get("/rollouts", summary="Rollouts, newest first")
+async def list_rollouts(s: AsyncSession = SESSION, _: Principal = VIEWER) -> Response:
+    rows = (
+        await s.execute(
+            select(Rollout).options(selectinload(Rollout.devices)).order_by(Rollout.id.desc())
+        )
+    ).scalars()
+    return json_response([rollout_doc(r) for r in rows])
+
+
+@router.get("/rollouts/{rollout_id}", summary="One rollout with per-wave and per-device progress")
+async def show_rollout(
+    rollout_id: int, s: AsyncSession = SESSION, _: Principal = VIEWER
+) -> Response:
+    return json_response(rollout_doc(await _rollout(s, rollout_id)))
+
+
+@router.post(
+    "/rollouts/{rollout_id}/{action}",
+    summary="pause, resume, abort (rolls back) or cancel (does not)",
+)
+async def act_on_rollout(
+    rollout_id: int, action: str, request: Request, who: Principal = OPERATOR
+) -> Response:
+    engine = services(request).engine
+    actions = {"pause": lambda: engine.pause(rollout_id), "resume": lambda: engine.resume(rollout_id),
+               "abort": lambda: engine.abort(rollout_id, who.name), "cancel": lambda: engine.cancel(rollout_id, who.name)}  # fmt: skip
+    if action not in actions:
+        raise NotFound(f"no action {action!r}: pause, resume, abort or cancel")
+    await actions[action]()
+    async with services(request).sessions.begin() as s:
+        audit.record(s, who.name, f"rollout.{action}", f"rollout:{rollout_id}")
+    async with services(request).sessions() as s:
+        return json_response(rollout_doc(await _rollout(s, rollout_id)))
+
+
+@router.get("/telemetry", summary="Telemetry windows, per device, model (version) or rollout")
+async def telemetry(
+    device_id: str | None = None, model: str | None = None, version: int | None = None,
+    rollout_id: int | None = None, since_s: float = 3600, limit: int = Query(default=1000, le=10000),
+    s: AsyncSession = SESSION, _: Principal = VIEWER,
+) -> Response:  # fmt: skip
+    t = TelemetrySample
+    query = select(t).where(t.time >= datetime.now(UTC) - timedelta(seconds=since_s))
+    if device_id:
+        query = query.where(t.device_id == device_id)
+    if model:
+        query = query.where(t.model == model)
+    if version is not None:
+        query = query.where(t.version == version)
+    if rollout_id is not None:
+        r = await _rollout(s, rollout_id)
+        query = query.where(t.model == r.model, t.version == r.version,
+                            t.device_id.in_(select(RolloutDevice.device_id).where(RolloutDevice.rollout_id == rollout_id)))  # fmt: skip
+    rows = (await s.execute(query.order_by(t.time.desc()).limit(limit))).scalars()
+    return json_response([
+        {"device_id": r.device_id, "seq": r.seq, "time": r.time.isoformat(), "window_s": r.window_s,
+         "model": r.model, "version": r.version, "requests": r.requests, "errors": r.errors, "rows": r.rows,
+         "batches": r.batches, "p50_ms": r.p50_ms, "p95_ms": r.p95_ms, "p99_ms": r.p99_ms,
+         "queue_depth": r.queue_depth}
+        for r in rows
+    ])  # fmt: skip

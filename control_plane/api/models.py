@@ -1,0 +1,233 @@
+"""Registry routes: models, versions, uploads, validation, stages; artifacts by digest."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import selectinload
+from starlette.responses import Response, StreamingResponse
+
+from control_plane import audit
+from control_plane.api.deps import OPERATOR, SESSION, VIEWER, json_response, services
+from control_plane.auth import Principal
+from control_plane.db.models import Artifact, Model, ModelVersion
+from control_plane.errors import Invalid, NotFound
+from control_plane.registry import add_file, create_version, get_model, get_version, record_artifact
+from control_plane.validation import validate
+
+router = APIRouter(prefix="/api/v1", tags=["Model registry"])
+artifacts = APIRouter(tags=["Artifacts"])
+
+
+class VariantSpec(BaseModel):
+    format: Literal["onnx", "openvino_ir", "tflite"]
+    profiles: list[str] = Field(default_factory=list)
+
+
+class VersionCreate(BaseModel):
+    version: int = Field(ge=1)
+    variants: list[VariantSpec] = Field(min_length=1)
+    config: dict[str, Any] = Field(default_factory=dict)
+    health: dict[str, Any] = Field(default_factory=dict)
+    description: str = ""
+
+
+class StageChange(BaseModel):
+    stage: Literal["candidate", "production", "retired"]
+
+
+def version_doc(mv: ModelVersion) -> dict[str, Any]:
+    return {
+        "model": mv.model.name, "version": mv.version, "stage": mv.stage, "config": mv.config,
+        "health": mv.health, "variants": mv.variants, "golden": mv.golden,
+        "validation_data": mv.validation_data, "validation": mv.validation,
+        "uploaded_by": mv.uploaded_by, "created_at": mv.created_at.isoformat(),
+    }  # fmt: skip
+
+
+@router.get("/models", summary="Every model with its versions and stages")
+async def list_models(s: AsyncSession = SESSION, _: Principal = VIEWER) -> Response:
+    models = (
+        await s.execute(select(Model).options(selectinload(Model.versions)).order_by(Model.name))
+    ).scalars()
+    return json_response([
+        {"name": m.name, "description": m.description,
+         "versions": [{"version": v.version, "stage": v.stage,
+                       "validated": None if v.validation is None else v.validation["passed"]} for v in m.versions]}
+        for m in models
+    ])  # fmt: skip
+
+
+@router.get(
+    "/models/{name}/versions/{version}", summary="One version: files, signature, validation"
+)
+async def show_version(
+    name: str, version: int, s: AsyncSession = SESSION, _: Principal = VIEWER
+) -> Response:
+    return json_response(version_doc(await get_version(s, name, version)))
+
+
+@router.post(
+    "/models/{name}/versions", status_code=201, summary="Create a version (then upload its files)"
+)
+async def new_version(
+    name: str,
+    body: VersionCreate,
+    request: Request,
+    s: AsyncSession = SESSION,
+    who: Principal = OPERATOR,
+) -> Response:
+    if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise Invalid("name: use letters, digits, '.', '_' or '-'")
+    mv = await create_version(s, name, body.version, variants=[v.model_dump() for v in body.variants],
+                              config=body.config, health=body.health, user=who.name)  # fmt: skip
+    if body.description:
+        (await get_model(s, name)).description = body.description
+    audit.record(s, who.name, "version.create", f"{name}:{body.version}")
+    await s.commit()
+    await s.refresh(mv, ["model"])
+    return json_response(version_doc(mv), 201)
+
+
+async def _stream(request: Request):  # type: ignore[no-untyped-def]
+    async for chunk in request.stream():
+        yield chunk
+
+
+@router.put("/models/{name}/versions/{version}/variants/{index}/files/{filename}",
+            summary="Upload one file of a variant (streamed; signature read once the variant is whole)")  # fmt: skip
+async def upload_file(
+    name: str, version: int, index: int, filename: str, request: Request, s: AsyncSession = SESSION,
+    who: Principal = OPERATOR,
+) -> Response:  # fmt: skip
+    mv = await get_version(s, name, version)
+    sha, size = await services(request).store.put(_stream(request))
+    variant = await add_file(s, services(request).store, mv, index, filename, sha, size)
+    audit.record(
+        s, who.name, "version.upload", f"{name}:{version}", file=filename, sha256=sha, size=size
+    )
+    await s.commit()
+    return json_response({"sha256": sha, "size": size, "variant": variant})
+
+
+@router.put(
+    "/models/{name}/versions/{version}/{kind}",
+    summary="Upload golden.npz or the validation set (npz)",
+)
+async def upload_sample(
+    name: str, version: int, kind: Literal["golden", "validation-data"], request: Request,
+    s: AsyncSession = SESSION, who: Principal = OPERATOR,
+) -> Response:  # fmt: skip
+    mv = await get_version(s, name, version)
+    sha, size = await services(request).store.put(_stream(request))
+    await record_artifact(s, sha, size)
+    ref = {
+        "name": "golden.npz" if kind == "golden" else "validation.npz",
+        "sha256": sha,
+        "size": size,
+    }
+    if kind == "golden":
+        mv.golden = ref
+    else:
+        mv.validation_data = ref
+    mv.validation = None
+    audit.record(s, who.name, f"version.{kind}", f"{name}:{version}", sha256=sha)
+    await s.commit()
+    return json_response(ref)
+
+
+@router.post(
+    "/models/{name}/versions/{version}/validate", summary="Validate; the result is stored and shown"
+)
+async def validate_version(
+    name: str, version: int, request: Request, s: AsyncSession = SESSION, who: Principal = OPERATOR
+) -> Response:
+    svc = services(request)
+    mv = await get_version(s, name, version)
+    production = (await s.execute(select(ModelVersion).where(
+        ModelVersion.model_id == mv.model_id, ModelVersion.stage == "production",
+        ModelVersion.id != mv.id))).scalars().first()  # fmt: skip
+    prod_accuracy = (production.validation or {}).get("accuracy") if production else None
+    cfg = svc.settings
+    report = await asyncio.to_thread(
+        validate, svc.store, mv.variants, mv.golden, mv.validation_data, prod_accuracy,
+        rtol=cfg.validation_rtol, atol=cfg.validation_atol, margin=cfg.accuracy_margin,
+    )  # fmt: skip
+    mv.validation = report
+    audit.record(s, who.name, "version.validate", f"{name}:{version}", passed=report["passed"])
+    await s.commit()
+    return json_response(report)
+
+
+@router.post(
+    "/models/{name}/versions/{version}/stage",
+    summary="Set the stage: candidate, production, retired",
+)
+async def set_stage(
+    name: str, version: int, body: StageChange, s: AsyncSession = SESSION, who: Principal = OPERATOR
+) -> Response:
+    mv = await get_version(s, name, version)
+    if body.stage == "production":
+        if not (mv.validation or {}).get("passed"):
+            raise Invalid("stage: only a version that passed validation can be production")
+        others = (await s.execute(select(ModelVersion).where(
+            ModelVersion.model_id == mv.model_id, ModelVersion.stage == "production"))).scalars()  # fmt: skip
+        for other in others:
+            other.stage = "retired" if other.id != mv.id else other.stage
+    mv.stage = body.stage
+    audit.record(s, who.name, "version.stage", f"{name}:{version}", stage=body.stage)
+    await s.commit()
+    return json_response({"model": name, "version": version, "stage": mv.stage})
+
+
+@artifacts.get(
+    "/artifacts/sha256/{digest}", summary="An artifact by digest (Range supported, for resume)"
+)
+async def get_artifact(digest: str, request: Request, s: AsyncSession = SESSION) -> Response:
+    if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+        raise Invalid("digest: expected 64 lowercase hex digits")
+    record = await s.get(Artifact, digest)
+    path = services(request).store.path(digest)
+    if record is None or not path.is_file():
+        raise NotFound(f"no artifact {digest}")
+    size = record.size
+    start, end = 0, size - 1
+    status = 200
+    header = request.headers.get("range")
+    if header and header.startswith("bytes="):
+        first, _, last = header[6:].partition("-")
+        try:
+            start = int(first) if first else max(0, size - int(last))
+            end = min(int(last), size - 1) if first and last else size - 1
+        except ValueError:
+            raise Invalid("Range: not understood") from None
+        if start >= size or start > end:
+            return Response(status_code=416, headers={"Content-Range": f"bytes */{size}"})
+        status = 206
+
+    def chunks():  # type: ignore[no-untyped-def]
+        with path.open("rb") as fh:
+            fh.seek(start)
+            remaining = end - start + 1
+            while remaining > 0:
+                block = fh.read(min(1 << 20, remaining))
+                if not block:
+                    return
+                remaining -= len(block)
+                yield block
+
+    headers = {
+        "Content-Length": str(end - start + 1),
+        "Accept-Ranges": "bytes",
+        "ETag": f'"{digest}"',
+    }
+    if status == 206:
+        headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+    return StreamingResponse(
+        chunks(), status_code=status, headers=headers, media_type="application/octet-stream"
+    )

@@ -1,0 +1,161 @@
+"""The control plane's MQTT connection: ingest what devices publish, publish desired states,
+commands and trust roots. Outgoing messages wait here until the broker acknowledges them, so
+a broker restart delays them rather than losing them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import ssl
+from collections import OrderedDict
+from datetime import UTC, datetime
+from typing import Any
+
+import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from agent.protocol.messages import DesiredState
+from agent.protocol.topics import Topics
+from control_plane.ingest import Ingestor
+from control_plane.settings import ControlPlaneSettings
+
+log = logging.getLogger("edgefleet.control_plane.mqtt")
+MAX_PAYLOAD_BYTES = 1 << 20
+
+
+class FleetBus:
+    def __init__(self, settings: ControlPlaneSettings, ingestor: Ingestor) -> None:
+        self.settings = settings
+        self.ingestor = ingestor
+        self.topics = Topics(settings.topic_prefix)
+        self.connected = asyncio.Event()
+        self._retained: OrderedDict[str, bytes] = OrderedDict()
+        """Latest payload per retained topic not yet acknowledged (newer replaces older)."""
+        self._commands: list[tuple[str, bytes]] = []
+        self._wake = asyncio.Event()
+        self.published = 0
+
+    # -- outgoing ---------------------------------------------------------------------------
+
+    def publish_desired(self, device_id: str, manifests: list[dict[str, Any]]) -> None:
+        desired = DesiredState(
+            device_id=device_id, issued_at=datetime.now(UTC), manifests=manifests
+        )
+        self.publish_retained(self.topics.desired(device_id), desired.model_dump_json().encode())
+
+    def publish_retained(self, topic: str, payload: bytes) -> None:
+        self._retained.pop(topic, None)
+        self._retained[topic] = payload
+        self._wake.set()
+
+    def publish_command(self, device_id: str, envelope: dict[str, Any]) -> None:
+        self._commands.append((self.topics.commands(device_id), json.dumps(envelope).encode()))
+        self._wake.set()
+
+    @property
+    def backlog(self) -> int:
+        return len(self._retained) + len(self._commands)
+
+    async def _send(self, client: aiomqtt.Client) -> None:
+        while True:
+            self._wake.clear()
+            while self._retained:
+                topic, payload = next(iter(self._retained.items()))
+                await client.publish(topic, payload, qos=1, retain=True, timeout=10)
+                if self._retained.get(topic) is payload:  # not replaced meanwhile
+                    del self._retained[topic]
+                self.published += 1
+            while self._commands:
+                topic, payload = self._commands[0]
+                await client.publish(topic, payload, qos=1, timeout=10)
+                self._commands.pop(0)
+                self.published += 1
+            if not self._retained and not self._commands:
+                await self._wake.wait()
+
+    # -- session ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                async with self._client() as client:
+                    delay = 0.2
+                    await self._session(client)
+            except aiomqtt.MqttError as exc:
+                log.warning(
+                    "broker connection lost",
+                    extra={"error": str(exc), "retry_in_s": round(delay, 2)},
+                )
+            finally:
+                self.connected.clear()
+            await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+            delay = min(10.0, delay * 2)
+
+    def _client(self) -> aiomqtt.Client:
+        s = self.settings
+        from urllib.parse import urlsplit
+
+        url = urlsplit(s.mqtt_url)
+        tls = url.scheme == "mqtts"
+        context = (
+            ssl.create_default_context(
+                cafile=str(s.mqtt_tls_ca_file) if s.mqtt_tls_ca_file else None
+            )
+            if tls
+            else None
+        )
+        properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        properties.SessionExpiryInterval = s.mqtt_session_expiry_s
+        return aiomqtt.Client(
+            url.hostname or "127.0.0.1", url.port or (8883 if tls else 1883), username=s.mqtt_username,
+            password=s.mqtt_password.get_secret_value() if s.mqtt_password else None,
+            identifier=s.mqtt_client_id, protocol=aiomqtt.ProtocolVersion.V5, tls_context=context,
+            timeout=10, keepalive=30, clean_start=False, properties=properties,
+            max_queued_incoming_messages=200_000,
+        )  # fmt: skip
+
+    async def _session(self, client: aiomqtt.Client) -> None:
+        share = (
+            f"$share/{self.settings.mqtt_shared_group}/" if self.settings.mqtt_shared_group else ""
+        )
+        await client.subscribe(
+            [
+                (share + self.topics.all_devices(leaf), 1)
+                for leaf in ("status", "telemetry", "events")
+            ]
+        )
+        self.connected.set()
+        log.info("connected to the broker")
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._receive(client))
+                tg.create_task(self._send(client))
+        except ExceptionGroup as group:
+            lost = [e for e in group.exceptions if isinstance(e, aiomqtt.MqttError)]
+            if lost:
+                raise lost[0] from None
+            raise
+
+    async def _receive(self, client: aiomqtt.Client) -> None:
+        async for message in client.messages:
+            parsed = self.topics.parse(message.topic.value)
+            payload = message.payload if isinstance(message.payload, bytes) else b""
+            if parsed is None:
+                self.ingestor.metrics.rejected("unknown", "wrong_topic")
+                continue
+            if len(payload) > MAX_PAYLOAD_BYTES:
+                self.ingestor.metrics.rejected(parsed[1], "oversize")
+                continue
+            device_id, leaf = parsed
+            with contextlib.suppress(UnicodeDecodeError):
+                if leaf == "status":
+                    await self.ingestor.status(device_id, payload)
+                elif leaf == "telemetry":
+                    await self.ingestor.telemetry(device_id, payload)
+                elif leaf == "events":
+                    await self.ingestor.event(device_id, payload)

@@ -1,0 +1,259 @@
+"""The control plane's tables (SQLAlchemy 2). Schema changes go through Alembic migrations
+(``control_plane/migrations``); a test fails when these models and the migrations differ."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class Model(Base):
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    next_sequence: Mapped[int] = mapped_column(BigInteger, default=1)
+    """Manifest sequences for this model: every manifest the fleet issues takes the next."""
+    created_at: Mapped[datetime]
+    versions: Mapped[list[ModelVersion]] = relationship(
+        back_populates="model", order_by="ModelVersion.version"
+    )
+
+
+class ModelVersion(Base):
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("model_id", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
+    version: Mapped[int] = mapped_column(Integer)
+    stage: Mapped[str] = mapped_column(String(32), default="candidate")
+    """candidate, production or retired."""
+    config: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    """Serving configuration sent to devices (config.toml keys)."""
+    health: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    """Device-side health window criteria."""
+    variants: Mapped[list[Any]] = mapped_column(default=list)
+    """[{format, profiles, files: [{name, sha256, size}], signature}]"""
+    golden: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    validation_data: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    validation: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """The last validation report: passed, checks, accuracy."""
+    uploaded_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime]
+    model: Mapped[Model] = relationship(back_populates="versions")
+
+
+class Artifact(Base):
+    """A stored file, addressed by its digest; versions reference files by sha256."""
+
+    __tablename__ = "artifacts"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime]
+
+
+class Device(Base):
+    __tablename__ = "devices"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    hardware_profile: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    agent_version: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    reported_labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    operator_labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    """Labels added by operators; they win over what the device reports."""
+    models: Mapped[list[Any]] = mapped_column(default=list)
+    """What the device serves: [{model, version, sequence}]"""
+    online: Mapped[bool] = mapped_column(Boolean, default=False)
+    last_seen: Mapped[datetime | None] = mapped_column(nullable=True)
+    desired: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    """Per model, the signed manifest envelope this device should converge to."""
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {**self.reported_labels, **self.operator_labels}
+
+
+class Rollout(Base):
+    __tablename__ = "rollouts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(128))
+    version: Mapped[int] = mapped_column(Integer)
+    sequence: Mapped[int] = mapped_column(BigInteger)
+    manifest: Mapped[dict[str, Any]] = mapped_column()
+    """The signed envelope every targeted device receives."""
+    selector: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    profiles: Mapped[list[Any]] = mapped_column(default=list)
+    waves: Mapped[list[Any]] = mapped_column()
+    """Cumulative sizes, e.g. ["1", "10%", "50%", "100%"]."""
+    bake_time_s: Mapped[float] = mapped_column(Float)
+    device_timeout_s: Mapped[float] = mapped_column(Float)
+    gates: Mapped[dict[str, Any]] = mapped_column()
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    """pending, running, paused, rolling_back, succeeded, rolled_back, cancelled."""
+    current_wave: Mapped[int] = mapped_column(Integer, default=0)
+    wave_started_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    bake_started_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    gate_report: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    devices: Mapped[list[RolloutDevice]] = relationship(
+        back_populates="rollout", order_by="RolloutDevice.position"
+    )
+
+
+class RolloutDevice(Base):
+    __tablename__ = "rollout_devices"
+    __table_args__ = (UniqueConstraint("rollout_id", "device_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rollout_id: Mapped[int] = mapped_column(ForeignKey("rollouts.id"), index=True)
+    device_id: Mapped[str] = mapped_column(String(128), index=True)
+    position: Mapped[int] = mapped_column(Integer)
+    wave: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(32))
+    """pending, sent, committed, rejected, rolled_back, timed_out, reverting, reverted."""
+    previous_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    previous_desired: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """The device's desired manifest for the model before this rollout, restored on rollback."""
+    sent_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    updated_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    rollout: Mapped[Rollout] = relationship(back_populates="devices")
+
+
+class TelemetrySample(Base):
+    """One telemetry window of one model version on one device, as received."""
+
+    __tablename__ = "telemetry"
+    __table_args__ = (
+        UniqueConstraint("device_id", "seq", "model", "version"),
+        Index("ix_telemetry_model_time", "model", "version", "time"),
+        Index("ix_telemetry_device_time", "device_id", "time"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    device_id: Mapped[str] = mapped_column(String(128))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    time: Mapped[datetime]
+    window_s: Mapped[float] = mapped_column(Float)
+    model: Mapped[str] = mapped_column(String(128))
+    version: Mapped[int] = mapped_column(Integer)
+    requests: Mapped[int] = mapped_column(Integer)
+    errors: Mapped[int] = mapped_column(Integer)
+    rows: Mapped[int] = mapped_column(Integer)
+    batches: Mapped[int] = mapped_column(Integer)
+    p50_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    p95_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    p99_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    queue_depth: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class DeviceSample(Base):
+    """The device part of a telemetry message (one row per message: also the dedupe key)."""
+
+    __tablename__ = "device_telemetry"
+    __table_args__ = (
+        UniqueConstraint("device_id", "seq"),
+        Index("ix_device_telemetry_time", "device_id", "time"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    device_id: Mapped[str] = mapped_column(String(128))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    time: Mapped[datetime]
+    cpu_percent: Mapped[float | None] = mapped_column(Float, nullable=True)
+    memory_used_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    temperature_c: Mapped[float | None] = mapped_column(Float, nullable=True)
+    dropped: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class TelemetryRollup(Base):
+    """Downsampled telemetry: one bucket per device, model version and interval."""
+
+    __tablename__ = "telemetry_rollups"
+    __table_args__ = (UniqueConstraint("device_id", "model", "version", "bucket"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    device_id: Mapped[str] = mapped_column(String(128))
+    model: Mapped[str] = mapped_column(String(128))
+    version: Mapped[int] = mapped_column(Integer)
+    bucket: Mapped[datetime] = mapped_column(index=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    errors: Mapped[int] = mapped_column(BigInteger)
+    rows: Mapped[int] = mapped_column(BigInteger)
+    p99_ms_max: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class UpdateEventRecord(Base):
+    __tablename__ = "update_events"
+    __table_args__ = (Index("ix_update_events_rollout", "rollout_id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    event_id: Mapped[str] = mapped_column(String(64), unique=True)
+    device_id: Mapped[str] = mapped_column(String(128))
+    time: Mapped[datetime]
+    model: Mapped[str] = mapped_column(String(128))
+    version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    sequence: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    rollout_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    state: Mapped[str] = mapped_column(String(32))
+    code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(16))
+    secret_hash: Mapped[str] = mapped_column(String(128))
+    """SHA-256 of the secret part; the token itself is shown once and never stored."""
+    created_at: Mapped[datetime]
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class AuditEntry(Base):
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    time: Mapped[datetime] = mapped_column(index=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(256))
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class TrustRootRecord(Base):
+    """Every trust root the control plane published (the newest is current)."""
+
+    __tablename__ = "trust_roots"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    envelope: Mapped[dict[str, Any]] = mapped_column()
+    created_at: Mapped[datetime]

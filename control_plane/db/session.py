@@ -1,0 +1,76 @@
+"""Engines, sessions and migrations. SQLite (aiosqlite) by default, PostgreSQL (psycopg) by URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+
+MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
+
+
+def sync_url(url: str) -> str:
+    """The same database through a synchronous driver (for migrations)."""
+    u = make_url(url)
+    if u.drivername == "sqlite+aiosqlite":
+        u = u.set(drivername="sqlite")
+    return u.render_as_string(hide_password=False)
+
+
+def _prepare_sqlite_dir(url: str) -> None:
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
+        Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+
+
+def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    if url:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def migrate(url: str) -> None:
+    """Bring the schema to the newest revision (idempotent)."""
+    _prepare_sqlite_dir(url)
+    engine = create_engine(sync_url(url))
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), "head")
+    finally:
+        engine.dispose()
+
+
+def make_engine(url: str) -> AsyncEngine:
+    _prepare_sqlite_dir(url)
+    backend = make_url(url).get_backend_name()
+    if backend == "sqlite":
+        engine = create_async_engine(url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+            cursor = dbapi_conn.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        return engine
+    # pre-ping: a restarted PostgreSQL costs one failed check, not a failed request
+    return create_async_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+
+
+def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False)

@@ -1,0 +1,44 @@
+"""Errors of the control plane's services; ``control_plane/api/errors.py`` maps them to HTTP::
+
+ControlPlaneError        code
++-- NotFound             not_found
++-- Invalid              invalid_request      names the field
++-- Conflict             conflict             e.g. a version that exists, a rollout of an unvalidated version
++-- TooLarge             payload_too_large
++-- Unauthorized         unauthorized
++-- Forbidden            forbidden
+"""
+
+from __future__ import annotations
+
+
+class ControlPlaneError(Exception):
+    code = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class NotFound(ControlPlaneError):
+    code = "not_found"
+
+
+class Invalid(ControlPlaneError):
+    code = "invalid_request"
+
+
+class Conflict(ControlPlaneError):
+    code = "conflict"
+
+
+class TooLarge(ControlPlaneError):
+    code = "payload_too_large"
+
+
+class Unauthorized(ControlPlaneError):
+    code = "unauthorized"
+
+
+class Forbidden(ControlPlaneError):
+    code = "forbidden"

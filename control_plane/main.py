@@ -1,0 +1,57 @@
+"""The control plane's composition root."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from agent.logs import configure_logging
+from agent.main import GracefulServer
+from control_plane.api.app import create_app
+from control_plane.api.deps import Services
+from control_plane.bus import FleetBus
+from control_plane.db.session import make_engine, migrate, session_factory
+from control_plane.ingest import Ingestor
+from control_plane.keys import KeyRing, load_or_create_key
+from control_plane.metrics import FleetMetrics
+from control_plane.registry import ArtifactStore
+from control_plane.rollouts import RolloutEngine
+from control_plane.settings import ControlPlaneSettings
+from control_plane.trust import TrustManager
+
+log = logging.getLogger("edgefleet.control_plane")
+
+
+def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
+    migrate(settings.db_url)
+    engine = make_engine(settings.db_url)
+    sessions = session_factory(engine)
+    keys_dir = settings.state_dir / "keys"
+    manifest_path = settings.signing_key_file or keys_dir / "manifest.pem"
+    keys = KeyRing(load_or_create_key(manifest_path), load_or_create_key(settings.root_key_file or keys_dir / "root.pem"),
+                   manifest_path)  # fmt: skip
+    metrics = FleetMetrics()
+    ingestor = Ingestor(
+        sessions,
+        metrics,
+        batch_size=settings.ingest_batch_size,
+        max_delay_s=settings.ingest_max_delay_s,
+    )
+    bus = FleetBus(settings, ingestor)
+    rollouts = RolloutEngine(sessions, bus, keys, metrics, manifest_ttl_s=settings.manifest_ttl_s,
+                             artifact_base_url=settings.artifact_base_url(), tick_s=settings.rollout_tick_s)  # fmt: skip
+    ingestor.listeners.append(rollouts.on_events)
+    ingestor.on_device_online.append(rollouts.on_device_online)
+    store = ArtifactStore(settings.artifact_dir, settings.max_upload_bytes)
+    services = Services(settings, sessions, store, keys, bus, ingestor, rollouts, metrics)
+    return services, TrustManager(sessions, keys, bus, settings.state_dir)
+
+
+def run(settings: ControlPlaneSettings) -> None:
+    configure_logging(settings.log_level)
+    services, trust = build(settings)
+    app = create_app(services, trust)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
+                            lifespan="on", server_header=False, timeout_graceful_shutdown=10)  # fmt: skip
+    GracefulServer(config).run()

@@ -1,0 +1,83 @@
+"""The control plane's /metrics: fleet-level series for Prometheus and Grafana."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class FleetMetrics:
+    def __init__(self) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("edgefleet_fleet_requests", "Inference requests reported by devices",
+                                ["model", "version"], registry=r)  # fmt: skip
+        self.errors = Counter("edgefleet_fleet_errors", "Model errors reported by devices", ["model", "version"],
+                              registry=r)  # fmt: skip
+        self.rows = Counter("edgefleet_fleet_rows", "Rows inferred, reported by devices", ["model", "version"],
+                            registry=r)  # fmt: skip
+        self.p99 = Gauge("edgefleet_fleet_p99_ms", "Largest p99 latency in the last telemetry batch",
+                         ["model", "version"], registry=r)  # fmt: skip
+        self.telemetry = Counter(
+            "edgefleet_telemetry_messages", "Telemetry messages stored", registry=r
+        )
+        self.events = Counter("edgefleet_update_events", "Update events stored", registry=r)
+        self.rejects = Counter(
+            "edgefleet_messages_rejected", "Device messages refused", ["topic", "code"], registry=r
+        )
+        self._online: dict[str, bool] = {}
+        self.rollout_states: dict[str, int] = {}
+        r.register(_StateCollector(self))
+
+    def set_online(self, device_id: str, online: bool) -> None:
+        self._online[device_id] = online
+
+    def rejected(self, topic: str, code: str) -> None:
+        self.rejects.labels(topic, code).inc()
+
+    def ingested(self, samples: list[dict[str, Any]], messages: int, events: int) -> None:
+        self.telemetry.inc(messages)
+        self.events.inc(events)
+        worst: dict[tuple[str, str], float] = {}
+        for s in samples:
+            key = (s["model"], str(s["version"]))
+            self.requests.labels(*key).inc(s["requests"])
+            self.errors.labels(*key).inc(s["errors"])
+            self.rows.labels(*key).inc(s["rows"])
+            if s["p99_ms"] is not None:
+                worst[key] = max(worst.get(key, 0.0), s["p99_ms"])
+        for key, value in worst.items():
+            self.p99.labels(*key).set(value)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def collect_state(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("edgefleet_devices_online", "Devices whose last status is online",
+                                value=sum(self._online.values()))  # fmt: skip
+        yield GaugeMetricFamily(
+            "edgefleet_devices_known", "Devices that ever reported", value=len(self._online)
+        )
+        family = GaugeMetricFamily("edgefleet_rollouts", "Rollouts by state", labels=["state"])
+        for state, n in sorted(self.rollout_states.items()):
+            family.add_metric([state], n)
+        yield family
+
+
+class _StateCollector(Collector):
+    def __init__(self, metrics: FleetMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        return self._metrics.collect_state()

@@ -1,0 +1,549 @@
+"""Staged rollouts: waves, bake times, health gates, fleet-wide rollback.
+
+    running --(every wave passed its gates)--> succeeded
+       |  ^
+     pause resume         a gate fails, or abort
+       v  |                      |
+     paused                      v
+                           rolling_back --(every touched device back)--> rolled_back
+    (cancel: stop where it is, no rollback)  -> cancelled
+
+All state lives in the database, so a restarted control plane picks every rollout up where it
+was. Device events move device states at once; a periodic tick handles timers (device
+timeouts, bake times). One lock serialises every transition.
+
+Rolling back: a device that committed the new version gets a signed rollback command that
+only acts if it still runs that version (it keeps the previous version on disk); a device
+still in progress gets the command when its commit is reported; every touched device's
+desired state goes back to what it was before the rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from sqlalchemy import case, func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import selectinload
+
+from agent.protocol.messages import UpdateEvent
+from control_plane.bus import FleetBus
+from control_plane.db.models import Device, Model, Rollout, RolloutDevice, TelemetrySample
+from control_plane.errors import Conflict, Invalid, NotFound
+from control_plane.keys import KeyRing
+from control_plane.manifests import build_manifest
+from control_plane.metrics import FleetMetrics
+from control_plane.registry import get_version
+
+log = logging.getLogger("edgefleet.control_plane.rollouts")
+
+ACTIVE = ("running", "paused", "rolling_back")
+DEVICE_DONE = ("committed", "rejected", "rolled_back", "timed_out")
+BASELINE = timedelta(minutes=10)
+
+
+class Gates(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_error_rate: float = Field(default=0.01, ge=0, le=1)
+    max_p99_ratio: float = Field(default=2.0, gt=0)
+    min_requests: int = Field(default=20, ge=0)
+    """Below this many requests over a bake window, error rate and latency are not judged."""
+    self_test: bool = True
+    """Fail when any device's self-test fails."""
+    max_rejections: int = Field(default=0, ge=0)
+    """Devices that refused or rolled back the update locally before the rollout fails."""
+
+
+class RolloutSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    version: int
+    selector: dict[str, str] = Field(default_factory=dict)
+    """Label selector: every label given must match (operator labels win over reported)."""
+    profiles: list[str] = Field(default_factory=list)
+    waves: list[str] = Field(default_factory=lambda: ["1", "10%", "50%", "100%"])
+    bake_time_s: float = Field(default=60.0, ge=0)
+    device_timeout_s: float = Field(default=600.0, gt=0)
+    gates: Gates = Field(default_factory=Gates)
+
+    @field_validator("waves", mode="before")
+    @classmethod
+    def _as_strings(cls, value: Any) -> Any:
+        return [str(v) for v in value] if isinstance(value, list) else value
+
+    @field_validator("waves")
+    @classmethod
+    def _wave_sizes(cls, waves: list[str]) -> list[str]:
+        if not waves:
+            raise ValueError("at least one wave")
+        for w in waves:
+            number = w[:-1] if w.endswith("%") else w
+            try:
+                value = float(number)
+            except ValueError:
+                raise ValueError(f"wave {w!r} is not a device count or a percentage") from None
+            if value <= 0 or (w.endswith("%") and value > 100):
+                raise ValueError(f"wave {w!r} is out of range")
+        return waves
+
+
+def wave_bounds(waves: Sequence[str], total: int) -> list[int]:
+    """Cumulative device counts per wave, never decreasing, the last covering its share."""
+    bounds, prev = [], 0
+    for w in waves:
+        n = math.ceil(total * float(w[:-1]) / 100) if w.endswith("%") else int(float(w))
+        n = max(prev, min(total, n))
+        bounds.append(n)
+        prev = n
+    return bounds
+
+
+def _aware(when: datetime | None) -> datetime | None:
+    """SQLite returns naive datetimes for timezone columns; they were stored in UTC."""
+    if when is None:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+class RolloutEngine:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], bus: FleetBus, keys: KeyRing,
+        metrics: FleetMetrics, *, manifest_ttl_s: float, artifact_base_url: str, tick_s: float,
+    ) -> None:  # fmt: skip
+        self.sessions = sessions
+        self.bus = bus
+        self.keys = keys
+        self.metrics = metrics
+        self.manifest_ttl_s = manifest_ttl_s
+        self.artifact_base_url = artifact_base_url
+        self.tick_s = tick_s
+        self._lock = asyncio.Lock()
+
+    # -- operator actions -------------------------------------------------------------------
+
+    async def create(self, spec: RolloutSpec, user: str) -> int:
+        async with self._lock, self.sessions.begin() as session:
+            mv = await get_version(session, spec.model, spec.version)
+            report = mv.validation
+            if report is None:
+                raise Conflict(
+                    f"{spec.model} v{spec.version} has not been validated; validate it first"
+                )
+            if not report.get("passed"):
+                raise Conflict(
+                    f"{spec.model} v{spec.version} failed validation; it cannot be rolled out"
+                )
+            targets = await self._targets(session, spec)
+            if not targets:
+                raise Invalid("selector: no device matches the selector and profiles")
+            model = (
+                await session.execute(
+                    select(Model).where(Model.name == spec.model).with_for_update()
+                )
+            ).scalar_one()
+            sequence = model.next_sequence
+            model.next_sequence += 1
+            now = datetime.now(UTC)
+            rollout = Rollout(
+                model=spec.model, version=spec.version, sequence=sequence, manifest={},
+                selector=spec.selector, profiles=spec.profiles, waves=spec.waves,
+                bake_time_s=spec.bake_time_s, device_timeout_s=spec.device_timeout_s,
+                gates=spec.gates.model_dump(), state="running", current_wave=0, reason="", gate_report={},
+                created_by=user, created_at=now, updated_at=now,
+            )  # fmt: skip
+            session.add(rollout)
+            await session.flush()
+            target = {"device_ids": [d.id for d in targets]}
+            payload = build_manifest(mv, sequence=sequence, base_url=self.artifact_base_url, target=target,
+                                     rollout_id=f"rollout-{rollout.id}", ttl_s=self.manifest_ttl_s)  # fmt: skip
+            rollout.manifest = self.keys.sign(payload)
+            bounds = wave_bounds(spec.waves, len(targets))
+            for position, device in enumerate(
+                targets[: bounds[-1]]
+            ):  # beyond the last wave: untouched
+                wave = next(i for i, b in enumerate(bounds) if position < b)
+                served = {m["model"]: m["version"] for m in device.models}
+                session.add(RolloutDevice(
+                    rollout_id=rollout.id, device_id=device.id, position=position, wave=wave, state="pending",
+                    previous_version=served.get(spec.model), previous_desired=device.desired.get(spec.model),
+                    reason="",
+                ))  # fmt: skip
+            rollout_id = rollout.id
+        await self.step(rollout_id)
+        return rollout_id
+
+    async def _targets(self, session: AsyncSession, spec: RolloutSpec) -> list[Device]:
+        devices = (await session.execute(select(Device).order_by(Device.id))).scalars().all()
+        return [
+            d for d in devices
+            if all(d.labels.get(k) == v for k, v in spec.selector.items())
+            and (not spec.profiles or d.hardware_profile in spec.profiles)
+        ]  # fmt: skip
+
+    async def pause(self, rollout_id: int) -> None:
+        await self._transition(rollout_id, {"running"}, "paused")
+
+    async def resume(self, rollout_id: int) -> None:
+        await self._transition(rollout_id, {"paused"}, "running")
+        await self.step(rollout_id)
+
+    async def cancel(self, rollout_id: int, user: str) -> None:
+        await self._transition(
+            rollout_id, {"running", "paused"}, "cancelled", f"cancelled by {user}"
+        )
+
+    async def abort(self, rollout_id: int, user: str) -> None:
+        await self._transition(
+            rollout_id, {"running", "paused"}, "rolling_back", f"aborted by {user}"
+        )
+        await self.step(rollout_id)
+
+    async def _transition(
+        self, rollout_id: int, allowed: set[str], to: str, reason: str = ""
+    ) -> None:
+        async with self._lock, self.sessions.begin() as session:
+            rollout = await session.get(Rollout, rollout_id)
+            if rollout is None:
+                raise NotFound(f"no rollout {rollout_id}")
+            if rollout.state not in allowed:
+                raise Conflict(f"rollout {rollout_id} is {rollout.state}; cannot go to {to}")
+            rollout.state = to
+            rollout.reason = reason or rollout.reason
+            rollout.updated_at = datetime.now(UTC)
+        log.info("rollout state", extra={"rollout": rollout_id, "state": to, "reason": reason})
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Republish what devices should run, then advance active rollouts on every tick."""
+        async with self.sessions() as session:
+            devices = (await session.execute(select(Device))).scalars().all()
+        for device in devices:  # (JSON has no equality operator in PostgreSQL: filter here)
+            if device.desired:
+                self._publish_desired(device)
+        while True:
+            async with self.sessions() as session:
+                ids = (
+                    (await session.execute(select(Rollout.id).where(Rollout.state.in_(ACTIVE))))
+                    .scalars()
+                    .all()
+                )
+            for rollout_id in ids:
+                try:
+                    await self.step(rollout_id)
+                except Exception:
+                    log.exception("rollout step failed", extra={"rollout": rollout_id})
+            await self._count_states()
+            await asyncio.sleep(self.tick_s)  # timers: bake times and device timeouts
+
+    async def _count_states(self) -> None:
+        async with self.sessions() as session:
+            rows = (
+                await session.execute(select(Rollout.state, func.count()).group_by(Rollout.state))
+            ).all()
+        self.metrics.rollout_states = {state: n for state, n in rows}
+
+    async def on_device_online(self, device_id: str) -> None:
+        """A device came back: make sure it has its desired state (retried until timeout)."""
+        async with self.sessions() as session:
+            device = await session.get(Device, device_id)
+        if device is not None and device.desired:
+            self._publish_desired(device)
+
+    async def on_events(self, events: list[UpdateEvent]) -> None:
+        touched: set[int] = set()
+        async with self._lock, self.sessions.begin() as session:
+            for event in events:
+                rollout_id = await self._apply_event(session, event)
+                if rollout_id is not None:
+                    touched.add(rollout_id)
+        for rollout_id in touched:
+            await self.step(rollout_id)
+
+    async def _apply_event(self, session: AsyncSession, event: UpdateEvent) -> int | None:
+        state, now = event.state.value, datetime.now(UTC)
+        if event.rollout_id and event.rollout_id.startswith("rollout-"):
+            rollout_id = int(event.rollout_id.removeprefix("rollout-"))
+            rd = (await session.execute(select(RolloutDevice).where(
+                RolloutDevice.rollout_id == rollout_id, RolloutDevice.device_id == event.device_id))).scalar_one_or_none()  # fmt: skip
+            if rd is None or state not in ("committed", "rejected", "rolled_back"):
+                return None
+            reason = f"{event.code}: {event.reason}" if event.code else ""
+            if rd.state == "reverting_pending":
+                if state == "committed":  # it got there after all: now it gets the command
+                    rd.state, rd.sent_at, rd.reason = (
+                        "reverting",
+                        None,
+                        "committed after the rollback started",
+                    )
+                    rollout = await session.get(Rollout, rollout_id)
+                    if rollout is not None and rollout.state == "rolled_back":
+                        rollout.state = "rolling_back"
+                else:
+                    rd.state, rd.reason = "reverted", f"never switched ({reason})"
+            elif rd.state in ("pending", "sent", "committed", "timed_out"):
+                rd.state, rd.reason = state, reason
+            rd.updated_at = now
+            return rollout_id
+        if state in ("rolled_back", "rejected") and event.code in (
+            "fleet_command",
+            "nothing_to_roll_back",
+        ):
+            rows = (await session.execute(select(RolloutDevice).join(Rollout).where(
+                RolloutDevice.device_id == event.device_id, RolloutDevice.state == "reverting",
+                Rollout.model == event.model))).scalars().all()  # fmt: skip
+            for rd in rows:
+                rd.state, rd.reason, rd.updated_at = (
+                    "reverted",
+                    f"{event.code}: {event.reason}",
+                    now,
+                )
+            return rows[0].rollout_id if rows else None
+        return None
+
+    async def step(self, rollout_id: int) -> None:
+        async with self._lock, self.sessions.begin() as session:
+            rollout = (await session.execute(
+                select(Rollout).where(Rollout.id == rollout_id).options(selectinload(Rollout.devices))
+            )).scalar_one_or_none()  # fmt: skip
+            if rollout is None or rollout.state not in ACTIVE:
+                return
+            now = datetime.now(UTC)
+            await self._reconcile(session, rollout, now)
+            if rollout.state == "running":
+                await self._run_waves(session, rollout, now)
+            if rollout.state == "rolling_back":
+                await self._roll_back(session, rollout, now)
+            rollout.updated_at = now
+
+    async def _reconcile(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
+        """Read device states from what devices last said they serve (their retained status),
+        so an event lost while the control plane was down cannot leave a device hanging."""
+        waiting = [d for d in rollout.devices if d.state in ("sent", "reverting")]
+        if not waiting:
+            return
+        devices = {
+            d.id: d for d in (await session.execute(
+                select(Device).where(Device.id.in_([w.device_id for w in waiting])))).scalars()
+        }  # fmt: skip
+        for rd in waiting:
+            device = devices.get(rd.device_id)
+            if device is None:
+                continue
+            served = {(m["model"], m["version"]): m.get("sequence") for m in device.models}
+            if (
+                rd.state == "sent"
+                and served.get((rollout.model, rollout.version)) == rollout.sequence
+            ):
+                rd.state, rd.reason, rd.updated_at = "committed", "seen in the device's status", now
+            elif (
+                rd.state == "reverting"
+                and (rollout.model, rollout.version) not in served
+                and (rd.previous_version is None or (rollout.model, rd.previous_version) in served)
+            ):
+                rd.state, rd.reason, rd.updated_at = "reverted", "seen in the device's status", now
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def _run_waves(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
+        gates = Gates.model_validate(rollout.gates)
+        wave_devices = [d for d in rollout.devices if d.wave == rollout.current_wave]
+        if rollout.wave_started_at is None:
+            for rd in wave_devices:
+                await self._send(session, rollout, rd, now)
+            rollout.wave_started_at = now
+            log.info("wave started", extra={"rollout": rollout.id, "wave": rollout.current_wave,
+                                            "devices": len(wave_devices)})  # fmt: skip
+        for rd in wave_devices:
+            if (
+                rd.state == "sent"
+                and _aware(rd.sent_at) + timedelta(seconds=rollout.device_timeout_s) < now
+            ):  # type: ignore[operator]
+                rd.state, rd.reason, rd.updated_at = (
+                    "timed_out",
+                    "no answer within device_timeout_s",
+                    now,
+                )
+        touched = [d for d in rollout.devices if d.wave <= rollout.current_wave]
+        failed = [d for d in touched if d.state in ("rejected", "rolled_back")]
+        self_test = [d for d in failed if "self_test_failed" in d.reason]
+        if gates.self_test and self_test:
+            return self._fail(
+                rollout, f"self-test failed on {self_test[0].device_id}: {self_test[0].reason}"
+            )
+        if len(failed) > gates.max_rejections:
+            return self._fail(rollout, f"{len(failed)} device(s) refused or rolled back the update "
+                                       f"(allowed {gates.max_rejections}); first: {failed[0].device_id}: {failed[0].reason}")  # fmt: skip
+        if any(d.state not in DEVICE_DONE for d in wave_devices):
+            return None
+        if rollout.bake_started_at is None:
+            rollout.bake_started_at = now
+        verdict, report = await self._telemetry_gates(session, rollout, gates, touched, now)
+        rollout.gate_report = {**rollout.gate_report, str(rollout.current_wave): report}
+        if verdict:
+            return self._fail(rollout, verdict)
+        if _aware(rollout.bake_started_at) + timedelta(seconds=rollout.bake_time_s) > now:  # type: ignore[operator]
+            return None  # still baking
+        if rollout.current_wave + 1 >= len(rollout.waves) or not [
+            d for d in rollout.devices if d.wave > rollout.current_wave
+        ]:
+            rollout.state, rollout.reason = (
+                "succeeded",
+                f"all {len(rollout.waves)} waves passed their gates",
+            )
+            log.info("rollout succeeded", extra={"rollout": rollout.id})
+            return None
+        rollout.current_wave += 1
+        rollout.wave_started_at = rollout.bake_started_at = None
+        await self._run_waves(session, rollout, now)
+        return None
+
+    def _fail(self, rollout: Rollout, reason: str) -> None:
+        rollout.state, rollout.reason = "rolling_back", reason
+        log.warning(
+            "rollout gate failed: rolling back", extra={"rollout": rollout.id, "reason": reason}
+        )
+
+    async def _telemetry_gates(
+        self,
+        session: AsyncSession,
+        rollout: Rollout,
+        gates: Gates,
+        touched: list[RolloutDevice],
+        now: datetime,
+    ) -> tuple[str | None, dict[str, Any]]:
+        ids = [d.device_id for d in touched if d.state == "committed"]
+        since = _aware(rollout.bake_started_at)
+        new = await _window(session, rollout.model, rollout.version, ids, since, now)  # type: ignore[arg-type]
+        report: dict[str, Any] = {
+            "requests": new["requests"],
+            "errors": new["errors"],
+            "p99_ms": new["p99_ms"],
+        }
+        if new["requests"] < max(gates.min_requests, 1):
+            report["note"] = (
+                f"fewer than {gates.min_requests} requests: error rate and latency not judged yet"
+            )
+            return None, report
+        rate = new["errors"] / new["requests"]
+        report["error_rate"] = rate
+        if rate > gates.max_error_rate:
+            return (f"error rate {rate:.1%} over {new['requests']} requests exceeds {gates.max_error_rate:.1%}",
+                    report)  # fmt: skip
+        previous = {d.previous_version for d in touched if d.previous_version is not None}
+        if previous and new["p99_ms"]:
+            created = _aware(rollout.created_at)
+            base = await _window(
+                session, rollout.model, previous.pop(), ids, created - BASELINE, created
+            )  # type: ignore[operator]
+            if base["p99_ms"] and base["requests"] >= gates.min_requests:
+                ratio = new["p99_ms"] / base["p99_ms"]
+                report["p99_ratio"] = ratio
+                if ratio > gates.max_p99_ratio:
+                    return (f"p99 latency {new['p99_ms']:.1f} ms is {ratio:.2f}x the previous version's "
+                            f"{base['p99_ms']:.1f} ms (limit {gates.max_p99_ratio}x)", report)  # fmt: skip
+        return None, report
+
+    async def _send(
+        self, session: AsyncSession, rollout: Rollout, rd: RolloutDevice, now: datetime
+    ) -> None:
+        device = await session.get(Device, rd.device_id)
+        if device is None:
+            rd.state, rd.reason = "timed_out", "device no longer in the inventory"
+            return
+        device.desired = {**device.desired, rollout.model: rollout.manifest}
+        rd.state, rd.sent_at, rd.updated_at = "sent", now, now
+        self._publish_desired(device)
+
+    def _publish_desired(self, device: Device) -> None:
+        self.bus.publish_desired(device.id, list(device.desired.values()))
+
+    # -- rolling back -----------------------------------------------------------------------
+
+    async def _roll_back(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
+        timeout = timedelta(seconds=rollout.device_timeout_s)
+        for rd in rollout.devices:
+            if rd.state == "pending":
+                rd.state, rd.reason = "skipped", "not reached before the rollback"
+            elif rd.state in ("sent", "committed"):
+                await self._restore_desired(session, rollout, rd)
+                if rd.state == "sent":  # still applying: the command follows if it commits
+                    rd.state, rd.reason = "reverting_pending", "desired state restored"
+                else:
+                    rd.state, rd.sent_at = "reverting", None
+                rd.updated_at = now
+            if rd.state == "reverting" and rd.sent_at is None:
+                self.bus.publish_command(rd.device_id, self._command(rollout, rd))
+                rd.sent_at = rd.updated_at = now
+            elif rd.state == "reverting" and _aware(rd.sent_at) + timeout < now:  # type: ignore[operator]
+                rd.state, rd.reason = (
+                    "revert_timed_out",
+                    "no answer to the rollback command in time",
+                )
+            elif rd.state == "reverting_pending" and _aware(rd.updated_at) + timeout < now:  # type: ignore[operator]
+                # it never reported the new version; its desired state no longer holds it
+                rd.state, rd.reason = "reverted", "never reported the new version"
+        if not [d for d in rollout.devices if d.state in ("reverting", "reverting_pending")]:
+            rollout.state = "rolled_back"
+            log.warning(
+                "rollout rolled back", extra={"rollout": rollout.id, "reason": rollout.reason}
+            )
+
+    async def _restore_desired(
+        self, session: AsyncSession, rollout: Rollout, rd: RolloutDevice
+    ) -> None:
+        device = await session.get(Device, rd.device_id)
+        if device is None:
+            return
+        desired = dict(device.desired)
+        if rd.previous_desired:
+            desired[rollout.model] = rd.previous_desired
+        else:
+            desired.pop(rollout.model, None)
+        device.desired = desired
+        self._publish_desired(device)
+
+    def _command(self, rollout: Rollout, rd: RolloutDevice) -> dict[str, Any]:
+        now = datetime.now(UTC)
+        return self.keys.sign({
+            "schema_version": 1, "command_id": uuid.uuid4().hex, "device_id": rd.device_id,
+            "type": "rollback", "model": rollout.model, "from_version": rollout.version,
+            "reason": f"rollout {rollout.id}: {rollout.reason}", "issued_at": now.isoformat(),
+            "expires_at": (now + timedelta(seconds=max(rollout.device_timeout_s, 3600))).isoformat(),
+        })  # fmt: skip
+
+
+async def _window(
+    session: AsyncSession,
+    model: str,
+    version: int,
+    device_ids: list[str],
+    since: datetime,
+    until: datetime,
+) -> dict[str, Any]:
+    """Requests, errors and request-weighted p99 of a model version on some devices."""
+    if not device_ids:
+        return {"requests": 0, "errors": 0, "p99_ms": None}
+    t = TelemetrySample
+    with_p99 = case((t.p99_ms.is_not(None), t.requests), else_=0)
+    row = (await session.execute(
+        select(func.coalesce(func.sum(t.requests), 0), func.coalesce(func.sum(t.errors), 0),
+               func.sum(t.p99_ms * with_p99), func.sum(with_p99))
+        .where(t.model == model, t.version == version, t.device_id.in_(device_ids), t.time >= since,
+               t.time <= until)
+    )).one()  # fmt: skip
+    requests, errors, weighted, weight = int(row[0]), int(row[1]), row[2], row[3]
+    return {
+        "requests": requests,
+        "errors": errors,
+        "p99_ms": float(weighted) / weight if weight else None,
+    }

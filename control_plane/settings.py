@@ -1,0 +1,85 @@
+"""The control plane's settings: defaults, an optional TOML file, ``EDGEFLEET_CP_*`` variables
+(``__`` for nesting), then command-line flags."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from agent.settings import settings_from
+
+
+class ControlPlaneSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="EDGEFLEET_CP_", env_nested_delimiter="__", frozen=True, extra="forbid",
+        use_attribute_docstrings=True,
+    )  # fmt: skip
+
+    db_url: str = "sqlite+aiosqlite:///var/control-plane/edgefleet.db"
+    """SQLAlchemy URL: sqlite+aiosqlite:///path or postgresql+psycopg://user@host/db."""
+    mqtt_url: str = "mqtt://127.0.0.1:1883"
+    mqtt_username: str | None = None
+    mqtt_password: SecretStr | None = None
+    """Never logged."""
+    mqtt_tls_ca_file: Path | None = None
+    mqtt_client_id: str = Field(
+        default_factory=lambda: f"edgefleet-control-plane-{socket.gethostname()}"[:64]
+    )
+    """Stable across restarts: the broker keeps the session, and what devices publish while
+    the control plane restarts waits there for it."""
+    mqtt_session_expiry_s: int = Field(default=24 * 3600, ge=0)
+    mqtt_shared_group: str | None = None
+    """Subscribe through $share/<group>/... so several control planes split the ingest."""
+    topic_prefix: str = "edgefleet"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    public_url: str | None = None
+    """Base URL devices fetch artifacts from (default http://host:port)."""
+    state_dir: Path = Path("var/control-plane")
+    """Signing keys, the bootstrap admin token, scratch space."""
+    artifact_dir: Path = Path("var/control-plane/artifacts")
+    signing_key_file: Path | None = None
+    """Ed25519 PEM that signs manifests (default state_dir/keys/manifest.pem, created if absent)."""
+    root_key_file: Path | None = None
+    """Ed25519 PEM that signs trust root updates (default state_dir/keys/root.pem). Keep offline
+    in production; the control plane only needs it for key rotation."""
+    max_upload_bytes: int = Field(default=4 * 2**30, gt=0)
+    manifest_ttl_s: float = Field(default=30 * 24 * 3600, gt=0)
+    """How long a signed manifest stays valid on devices."""
+    telemetry_raw_retention_s: float = Field(default=2 * 24 * 3600, gt=0)
+    telemetry_rollup_retention_s: float = Field(default=30 * 24 * 3600, gt=0)
+    telemetry_rollup_s: float = Field(default=60.0, gt=0)
+    """Downsampling bucket."""
+    maintenance_interval_s: float = Field(default=60.0, gt=0)
+    rollout_tick_s: float = Field(default=1.0, gt=0)
+    """How often rollouts check timers (bake times, device timeouts); events act at once."""
+    ingest_batch_size: int = Field(default=500, gt=0)
+    ingest_max_delay_s: float = Field(default=0.2, gt=0)
+    validation_rtol: float = Field(default=1e-3, gt=0)
+    validation_atol: float = Field(default=1e-3, gt=0)
+    accuracy_margin: float = Field(default=0.01, ge=0)
+    """A version's accuracy may be at most this much below the production version's."""
+    log_level: str = "INFO"
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:  # fmt: skip
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+    def artifact_base_url(self) -> str:
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+
+def load_settings(config_file: Path | None = None, **overrides: object) -> ControlPlaneSettings:
+    return settings_from(ControlPlaneSettings, config_file, **overrides)

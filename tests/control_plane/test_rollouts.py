@@ -1,0 +1,291 @@
+"""The control plane end to end: a real Mosquitto, a real control plane (on SQLite and on
+PostgreSQL), real agents of two hardware profiles."""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from sqlalchemy import create_engine, text
+
+from control_plane.db.session import sync_url
+from runtimes.examples.reference import mlp_forward
+from runtimes.examples.weights import mlp_layers
+from tests.agent.server import RunningAgent, wait_until
+from tests.control_plane.conftest import AgentFactory, ControlPlaneFactory
+from tests.control_plane.server import RunningControlPlane
+from tests.fleet.models import fragile_mlp_version, mlp_tflite_version, mlp_version
+
+X = np.random.default_rng(8).standard_normal((2, 256)).astype(np.float32)
+DEVICE_HEALTH = {"window_s": 0.2, "min_requests": 100000}  # devices commit; the fleet gates judge
+
+
+def push(client: httpx.Client, name: str, version: int, variants: list[tuple[Path, list[str]]],
+         health: dict[str, Any] | None = None) -> None:  # fmt: skip
+    fmts = [("tflite" if (d / "model.tflite").exists() else "onnx") for d, _ in variants]
+    resp = client.post(f"/api/v1/models/{name}/versions", json={
+        "version": version, "variants": [{"format": f, "profiles": p} for f, (_, p) in zip(fmts, variants, strict=True)],
+        "health": health or DEVICE_HEALTH})  # fmt: skip
+    assert resp.status_code == 201, resp.text
+    for i, (directory, _) in enumerate(variants):
+        model_file = directory / ("model.tflite" if fmts[i] == "tflite" else "model.onnx")
+        resp = client.put(f"/api/v1/models/{name}/versions/{version}/variants/{i}/files/{model_file.name}",
+                          content=model_file.read_bytes())  # fmt: skip
+        assert resp.status_code == 200, resp.text
+    resp = client.put(
+        f"/api/v1/models/{name}/versions/{version}/golden",
+        content=(variants[0][0] / "golden.npz").read_bytes(),
+    )
+    assert resp.status_code == 200
+
+
+def validate(client: httpx.Client, name: str, version: int) -> dict[str, Any]:
+    resp = client.post(f"/api/v1/models/{name}/versions/{version}/validate")
+    assert resp.status_code == 200, resp.text
+    return resp.json()  # type: ignore[no-any-return]
+
+
+def wait_devices(cp: RunningControlPlane, *ids: str) -> None:
+    def online() -> bool:
+        devices = {d["id"]: d for d in cp.admin.get("/api/v1/devices").json()}
+        return all(i in devices and devices[i]["online"] for i in ids)
+
+    wait_until(online, timeout_s=60, what=f"devices {ids} in the inventory")
+
+
+def wait_rollout(
+    cp: RunningControlPlane, rollout_id: int, *states: str, timeout_s: float = 90
+) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        doc = cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()
+        return doc if doc["state"] in states else None
+
+    wait_until(done, timeout_s=timeout_s, what=f"rollout {rollout_id} to be {states}")
+    return cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()  # type: ignore[no-any-return]
+
+
+def infer(agent: RunningAgent, x: np.ndarray = X) -> httpx.Response:
+    return agent.client.post(
+        "/v2/models/mlp/infer",
+        json={
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "data": x.ravel().tolist(),
+                }
+            ]
+        },
+    )
+
+
+def served(agent: RunningAgent) -> str:
+    resp = infer(agent)
+    assert resp.status_code == 200, resp.text
+    return str(resp.json()["model_version"])
+
+
+def rollout(cp: RunningControlPlane, version: int, **overrides: Any) -> int:
+    spec = {"model": "mlp", "version": version, "selector": {"site": "lab"}, "waves": ["1", "100%"],
+            "bake_time_s": 0.5, "device_timeout_s": 60, **overrides}  # fmt: skip
+    resp = cp.admin.post("/api/v1/rollouts", json=spec)
+    assert resp.status_code == 201, resp.text
+    return int(resp.json()["id"])
+
+
+def test_push_validate_and_roll_out_in_waves_to_two_hardware_profiles(
+    start_control_plane: ControlPlaneFactory, start_agent: AgentFactory, tmp_path: Path
+) -> None:
+    onnx_dir, tflite_dir = (
+        mlp_version(tmp_path / "v2-onnx", seed=99),
+        mlp_tflite_version(tmp_path / "v2-tflite", seed=99),
+    )
+    with start_control_plane() as cp, start_agent("dev-a", cp) as a, start_agent("dev-b", cp) as b:
+        wait_devices(cp, "dev-a", "dev-b")
+        push(cp.admin, "mlp", 2, [(onnx_dir, ["generic-x86_64"]), (tflite_dir, ["raspberry-pi-5"])])
+        version = cp.admin.get("/api/v1/models/mlp/versions/2").json()
+        assert version["variants"][0]["signature"]["inputs"][0]["shape"] == [-1, 256]
+        assert validate(cp.admin, "mlp", 2)["passed"]
+        rollout_id = rollout(cp, 2)
+        doc = wait_rollout(cp, rollout_id, "succeeded", "rolled_back")
+        assert doc["state"] == "succeeded", doc
+        assert [(w["devices"], w["states"]) for w in doc["waves"]] == [
+            (1, {"committed": 1}),
+            (1, {"committed": 1}),
+        ]
+        expected = mlp_forward(X, mlp_layers(99))
+        for agent, platform in ((a, "onnxruntime_onnx"), (b, "litert_tflite")):
+            resp = infer(agent)
+            assert resp.json()["model_version"] == "2"
+            out = resp.json()["outputs"][0]
+            np.testing.assert_allclose(
+                np.array(out["data"]).reshape(2, 10), expected, rtol=1e-4, atol=1e-4
+            )
+            assert (
+                agent.client.get("/v2/models/mlp").json()["platform"] == platform
+            )  # its own artifact
+        inventory = {d["id"]: d for d in cp.admin.get("/api/v1/devices").json()}
+        wait_until(lambda: all(m["version"] == 2 for d in cp.admin.get("/api/v1/devices").json() for m in d["models"]),
+                   what="the inventory to show version 2")  # fmt: skip
+        assert inventory["dev-b"]["hardware_profile"] == "raspberry-pi-5"
+        audit = cp.admin.get("/api/v1/audit").json()
+        assert {"version.create", "version.upload", "version.validate", "rollout.create"} <= {
+            e["action"] for e in audit
+        }
+
+
+def test_error_rate_gate_failing_in_wave_1_rolls_back_every_touched_device(
+    start_control_plane: ControlPlaneFactory, start_agent: AgentFactory, tmp_path: Path
+) -> None:
+    with start_control_plane() as cp, start_agent("dev-a", cp) as a, start_agent("dev-b", cp) as b:
+        wait_devices(cp, "dev-a", "dev-b")
+        push(cp.admin, "mlp", 2, [(fragile_mlp_version(tmp_path / "v2", seed=5), [])])
+        assert validate(cp.admin, "mlp", 2)[
+            "passed"
+        ]  # its golden passes: the fault is on live traffic
+        rollout_id = rollout(
+            cp, 2, bake_time_s=60, gates={"max_error_rate": 0.05, "min_requests": 10}
+        )
+        wait_until(lambda: served(a) == "2", what="wave 1 (dev-a) to switch")
+        poison = X.copy()
+        poison[:, 0] = 500.0
+        for _ in range(30):
+            infer(a, poison)
+        doc = wait_rollout(cp, rollout_id, "rolled_back", "succeeded")
+        assert doc["state"] == "rolled_back" and "error rate" in doc["reason"], doc
+        states = {d["device_id"]: d["state"] for d in doc["devices"]}
+        assert states == {"dev-a": "reverted", "dev-b": "skipped"}
+        assert served(a) == "1" and infer(a, poison).status_code == 200
+        assert served(b) == "1"
+        events = cp.admin.get("/api/v1/telemetry", params={"rollout_id": rollout_id}).json()
+        assert sum(e["errors"] for e in events) >= 10
+
+
+def test_version_failing_validation_cannot_be_rolled_out(
+    start_control_plane: ControlPlaneFactory, start_agent: AgentFactory, tmp_path: Path
+) -> None:
+    v2 = mlp_version(tmp_path / "v2", seed=2)
+    (v2 / "golden.npz").write_bytes(
+        mlp_version(tmp_path / "other", seed=3).joinpath("golden.npz").read_bytes()
+    )
+    with start_control_plane() as cp, start_agent("dev-a", cp):
+        wait_devices(cp, "dev-a")
+        push(cp.admin, "mlp", 2, [(v2, [])])
+        resp = cp.admin.post("/api/v1/rollouts", json={"model": "mlp", "version": 2})
+        assert resp.status_code == 409 and "has not been validated" in resp.json()["error"]
+        report = validate(cp.admin, "mlp", 2)
+        assert not report["passed"]
+        assert any("golden" in c["check"] and not c["passed"] for c in report["checks"])
+        resp = cp.admin.post("/api/v1/rollouts", json={"model": "mlp", "version": 2})
+        assert resp.status_code == 409 and "failed validation" in resp.json()["error"]
+        resp = cp.admin.post("/api/v1/models/mlp/versions/2/stage", json={"stage": "production"})
+        assert resp.status_code == 400
+
+
+def test_pause_resume_and_abort(
+    start_control_plane: ControlPlaneFactory, start_agent: AgentFactory, tmp_path: Path
+) -> None:
+    with start_control_plane() as cp, start_agent("dev-a", cp) as a, start_agent("dev-b", cp) as b:
+        wait_devices(cp, "dev-a", "dev-b")
+        push(cp.admin, "mlp", 2, [(mlp_version(tmp_path / "v2", seed=2), [])])
+        validate(cp.admin, "mlp", 2)
+        rollout_id = rollout(cp, 2, bake_time_s=1.0)
+        assert cp.admin.post(f"/api/v1/rollouts/{rollout_id}/pause").json()["state"] == "paused"
+        wait_until(lambda: served(a) == "2", what="wave 1 to switch while paused")
+        doc = cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()
+        assert doc["state"] == "paused" and doc["waves"][1]["states"] == {"pending": 1}
+        assert served(b) == "1"
+        assert cp.admin.post(f"/api/v1/rollouts/{rollout_id}/resume").json()["state"] == "running"
+        assert wait_rollout(cp, rollout_id, "succeeded")["state"] == "succeeded"
+        assert served(b) == "2"
+        # abort a later rollout after its first wave: the touched device goes back
+        push(cp.admin, "mlp", 3, [(mlp_version(tmp_path / "v3", seed=3), [])])
+        validate(cp.admin, "mlp", 3)
+        second = rollout(cp, 3, bake_time_s=60)
+        wait_until(lambda: served(a) == "3", what="wave 1 of the second rollout")
+        assert cp.admin.post(f"/api/v1/rollouts/{second}/abort").json()["state"] in (
+            "rolling_back",
+            "rolled_back",
+        )
+        doc = wait_rollout(cp, second, "rolled_back")
+        assert doc["reason"].startswith("aborted by") and served(a) == "2" and served(b) == "2"
+        assert cp.admin.post(f"/api/v1/rollouts/{second}/resume").status_code == 409
+
+
+def test_control_plane_restart_mid_rollout_resumes(
+    start_control_plane: ControlPlaneFactory, start_agent: AgentFactory, tmp_path: Path
+) -> None:
+    first = ExitStack()
+    cp = first.enter_context(start_control_plane())
+    with start_agent("dev-a", cp) as a, start_agent("dev-b", cp) as b:
+        wait_devices(cp, "dev-a", "dev-b")
+        push(cp.admin, "mlp", 2, [(mlp_version(tmp_path / "v2", seed=2), [])])
+        validate(cp.admin, "mlp", 2)
+        rollout_id = rollout(cp, 2, bake_time_s=3)
+        wait_until(lambda: served(a) == "2", what="wave 1")
+        first.close()  # the control plane goes away while wave 1 bakes
+        assert served(b) == "1"
+        with start_control_plane() as again:  # same database, same keys
+            doc = wait_rollout(again, rollout_id, "succeeded")
+            assert doc["state"] == "succeeded" and served(b) == "2"
+            assert [w["states"] for w in doc["waves"]] == [{"committed": 1}, {"committed": 1}]
+
+
+def test_offline_device_catches_up_when_it_returns(
+    start_control_plane: ControlPlaneFactory, start_agent: AgentFactory, tmp_path: Path
+) -> None:
+    with start_control_plane() as cp, start_agent("dev-a", cp) as a:
+        with start_agent("dev-b", cp):
+            wait_devices(cp, "dev-a", "dev-b")
+        wait_until(lambda: not {d["id"]: d for d in cp.admin.get("/api/v1/devices").json()}["dev-b"]["online"],
+                   what="dev-b offline")  # fmt: skip
+        push(cp.admin, "mlp", 2, [(mlp_version(tmp_path / "v2", seed=2), [])])
+        validate(cp.admin, "mlp", 2)
+        rollout_id = rollout(cp, 2, waves=["100%"])
+        wait_until(lambda: served(a) == "2", what="dev-a")
+        time.sleep(0.3)
+        assert (
+            cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()["state"] == "running"
+        )  # waiting for dev-b
+        with start_agent("dev-b", cp) as b:
+            doc = wait_rollout(cp, rollout_id, "succeeded")
+            assert served(b) == "2" and doc["state"] == "succeeded"
+
+
+def test_roles(start_control_plane: ControlPlaneFactory, db_url: str) -> None:
+    with (
+        start_control_plane() as cp,
+        cp.client(cp.token("viewer")) as viewer,
+        cp.client(cp.token("operator")) as operator,
+    ):
+        assert viewer.get("/api/v1/models").status_code == 200
+        resp = viewer.post("/api/v1/rollouts", json={"model": "mlp", "version": 1})
+        assert resp.status_code == 403 and "needs the operator role" in resp.json()["error"]
+        assert (
+            viewer.post(
+                "/api/v1/models/mlp/versions", json={"version": 1, "variants": [{"format": "onnx"}]}
+            ).status_code
+            == 403
+        )
+        assert (
+            operator.post("/api/v1/tokens", json={"name": "x", "role": "admin"}).status_code == 403
+        )
+        assert httpx.get(f"{cp.url}/api/v1/models").status_code == 401
+        assert (
+            httpx.get(
+                f"{cp.url}/api/v1/models", headers={"Authorization": "Bearer efp_nope_nope"}
+            ).status_code
+            == 401
+        )
+        # tokens are stored hashed: the database never holds the token itself
+        token = cp.token("viewer", "hash-check")
+        engine = create_engine(sync_url(db_url))
+        with engine.connect() as conn:
+            stored = [row[0] for row in conn.execute(text("SELECT secret_hash FROM api_tokens"))]
+        engine.dispose()
+        assert len(stored) >= 4 and all(token.split("_", 2)[2] not in h for h in stored)
