@@ -4,7 +4,6 @@ point group, so the agent never imports the control plane and a device install c
 from __future__ import annotations
 
 import json
-import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -143,24 +142,6 @@ def register_models(group: click.Group) -> None:
             raise click.ClickException(str(exc)) from exc
 
     del example
-
-
-def register_demo(group: click.Group) -> None:
-    @group.command()
-    @click.option(
-        "--workdir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=Path("var/demo"),
-        show_default=True,
-        help="Where the demo writes its files.",
-    )
-    def demo(workdir: Path) -> None:
-        """Write the example models, detect this machine, place each model and self-test it."""
-        from agent.demo import run_demo
-
-        sys.exit(run_demo(workdir, click.echo))
-
-    del demo
 
 
 def register_agent(group: click.Group) -> None:

@@ -97,9 +97,11 @@ class AgentMetrics:
             registry=r,
         )
         self.fleet_rejected = Counter(
-            "edgefleet_fleet_messages_rejected", "Fleet messages refused, by topic and reason",
-            ["topic", "code"], registry=r,
-        )  # fmt: skip
+            "edgefleet_fleet_messages_rejected",
+            "Fleet messages refused, by topic and reason",
+            ["topic", "code"],
+            registry=r,
+        )
         self._hourly_cost = hourly_cost
         self._accelerators = accelerators
         self._started = time.monotonic()

@@ -98,7 +98,7 @@ def settings_from(cls: type[S], config_file: Path | None = None, **overrides: ob
         cls = type(
             cls.__name__, (cls,), {"model_config": SettingsConfigDict(toml_file=config_file)}
         )
-    return cls(**{k: v for k, v in overrides.items() if v is not None})
+    return cls(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
 
 
 def load_settings(config_file: Path | None = None, **overrides: object) -> AgentSettings:

@@ -39,8 +39,15 @@ def _hash(secret: str) -> str:
 
 async def create_token(session: AsyncSession, name: str, role: Role) -> str:
     token_id, secret = secrets.token_hex(8), secrets.token_urlsafe(32)
-    session.add(ApiToken(id=token_id, name=name, role=role.name.lower(), secret_hash=_hash(secret),
-                         created_at=datetime.now(UTC)))  # fmt: skip
+    session.add(
+        ApiToken(
+            id=token_id,
+            name=name,
+            role=role.name.lower(),
+            secret_hash=_hash(secret),
+            created_at=datetime.now(UTC),
+        )
+    )
     await session.flush()
     return f"efp_{token_id}_{secret}"
 

@@ -112,12 +112,19 @@ class FleetBus:
         properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         properties.SessionExpiryInterval = s.mqtt_session_expiry_s
         return aiomqtt.Client(
-            url.hostname or "127.0.0.1", url.port or (8883 if tls else 1883), username=s.mqtt_username,
+            url.hostname or "127.0.0.1",
+            url.port or (8883 if tls else 1883),
+            username=s.mqtt_username,
             password=s.mqtt_password.get_secret_value() if s.mqtt_password else None,
-            identifier=s.mqtt_client_id, protocol=aiomqtt.ProtocolVersion.V5, tls_context=context,
-            timeout=10, keepalive=30, clean_start=False, properties=properties,
+            identifier=s.mqtt_client_id,
+            protocol=aiomqtt.ProtocolVersion.V5,
+            tls_context=context,
+            timeout=10,
+            keepalive=30,
+            clean_start=False,
+            properties=properties,
             max_queued_incoming_messages=200_000,
-        )  # fmt: skip
+        )
 
     async def _session(self, client: aiomqtt.Client) -> None:
         share = (

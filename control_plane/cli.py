@@ -69,7 +69,7 @@ def register_control_plane(root: click.Group) -> None:
     @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
     @click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path))
     @click.pass_context
-    def control_plane(ctx: click.Context, config_file: Path | None, **flags: Any) -> None:
+    def control_plane(ctx: click.Context, /, config_file: Path | None, **flags: Any) -> None:
         """Run the control plane (registry, inventory, rollouts, telemetry, API)."""
         if ctx.invoked_subcommand is not None:
             ctx.obj = (config_file, flags)
@@ -123,8 +123,12 @@ def register_operator_commands(root: click.Group) -> None:
     @click.argument("name")
     @click.argument("version", type=int)
     @click.argument("variants", nargs=-1, required=True)
-    @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                  help="TOML: serving config keys, and a [health] table for the device health window.")  # fmt: skip
+    @click.option(
+        "--config",
+        "config_file",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="TOML: serving config keys, and a [health] table for the device health window.",
+    )
     def push(name: str, version: int, variants: tuple[str, ...], config_file: Path | None) -> None:
         """Upload VERSION of NAME. Each VARIANT is a directory with the model file(s), optionally
         DIR@profile1,profile2 to reserve it for hardware profiles. golden.npz and validation.npz
@@ -144,13 +148,19 @@ def register_operator_commands(root: click.Group) -> None:
             )
             specs.append({"format": fmt.value, "profiles": [p for p in profiles.split(",") if p]})
             dirs.append((directory, files))
-        api.call("POST", f"/api/v1/models/{name}/versions",
-                 json={"version": version, "variants": specs, "config": config, "health": health})  # fmt: skip
+        api.call(
+            "POST",
+            f"/api/v1/models/{name}/versions",
+            json={"version": version, "variants": specs, "config": config, "health": health},
+        )
         for index, (_, files) in enumerate(dirs):
             for f in files:
                 with f.open("rb") as fh:
-                    done = api.call("PUT", f"/api/v1/models/{name}/versions/{version}/variants/{index}/files/{f.name}",
-                                    content=fh)  # fmt: skip
+                    done = api.call(
+                        "PUT",
+                        f"/api/v1/models/{name}/versions/{version}/variants/{index}/files/{f.name}",
+                        content=fh,
+                    )
                 click.echo(f"uploaded {f} ({done['size']} bytes, sha256 {done['sha256'][:12]})")
         for sample, route in (("golden.npz", "golden"), ("validation.npz", "validation-data")):
             found = next((d / sample for d, _ in dirs if (d / sample).is_file()), None)
@@ -168,8 +178,11 @@ def register_operator_commands(root: click.Group) -> None:
             _print(doc, True)
             return
         for m in doc:
-            versions = ", ".join(f"v{v['version']} {v['stage']}"
-                                 + {True: " (valid)", False: " (INVALID)", None: ""}[v["validated"]] for v in m["versions"])  # fmt: skip
+            versions = ", ".join(
+                f"v{v['version']} {v['stage']}"
+                + {True: " (valid)", False: " (INVALID)", None: ""}[v["validated"]]
+                for v in m["versions"]
+            )
             click.echo(f"{m['name']}: {versions}")
 
     @models.command("validate")
@@ -209,20 +222,41 @@ def register_operator_commands(root: click.Group) -> None:
     @click.option("--max-p99-ratio", type=float, default=2.0, show_default=True)
     @click.option("--min-requests", type=int, default=20, show_default=True)
     @click.option("--max-rejections", type=int, default=0, show_default=True)
-    def create(model: str, version: int, selector: tuple[str, ...], profiles: tuple[str, ...], waves: str,
-               bake_time: float, device_timeout: float, max_error_rate: float, max_p99_ratio: float,
-               min_requests: int, max_rejections: int) -> None:  # fmt: skip
+    def create(
+        model: str,
+        version: int,
+        selector: tuple[str, ...],
+        profiles: tuple[str, ...],
+        waves: str,
+        bake_time: float,
+        device_timeout: float,
+        max_error_rate: float,
+        max_p99_ratio: float,
+        min_requests: int,
+        max_rejections: int,
+    ) -> None:
         """Start a staged rollout."""
         spec = {
-            "model": model, "version": version, "selector": dict(s.split("=", 1) for s in selector),
-            "profiles": list(profiles), "waves": waves.split(","), "bake_time_s": bake_time,
+            "model": model,
+            "version": version,
+            "selector": dict(s.split("=", 1) for s in selector),
+            "profiles": list(profiles),
+            "waves": waves.split(","),
+            "bake_time_s": bake_time,
             "device_timeout_s": device_timeout,
-            "gates": {"max_error_rate": max_error_rate, "max_p99_ratio": max_p99_ratio,
-                      "min_requests": min_requests, "max_rejections": max_rejections},
-        }  # fmt: skip
+            "gates": {
+                "max_error_rate": max_error_rate,
+                "max_p99_ratio": max_p99_ratio,
+                "min_requests": min_requests,
+                "max_rejections": max_rejections,
+            },
+        }
         doc = Api().call("POST", "/api/v1/rollouts", json=spec)
-        click.echo(f"rollout {doc['id']}: {doc['state']}, {sum(w['devices'] for w in doc['waves'])} devices "
-                   f"in {len(doc['waves'])} waves")  # fmt: skip
+        click.echo(
+            f"rollout {doc['id']}: {doc['state']}, "
+            f"{sum(w['devices'] for w in doc['waves'])} devices "
+            f"in {len(doc['waves'])} waves"
+        )
 
     @rollouts.command("status")
     @click.argument("rollout_id", type=int)
@@ -251,10 +285,16 @@ def register_operator_commands(root: click.Group) -> None:
             "skipped",
             "revert_timed_out",
         )
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TextColumn("{task.fields[states]}")) as progress:  # fmt: skip
-            tasks = [progress.add_task(f"wave {w['wave']} ({w['size']})", total=w["devices"], states="")
-                     for w in doc["waves"]]  # fmt: skip
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.fields[states]}"),
+        ) as progress:
+            tasks = [
+                progress.add_task(f"wave {w['wave']} ({w['size']})", total=w["devices"], states="")
+                for w in doc["waves"]
+            ]
             while True:
                 for task, w in zip(tasks, doc["waves"], strict=True):
                     done = sum(n for s, n in w["states"].items() if s in done_states)
@@ -275,8 +315,11 @@ def register_operator_commands(root: click.Group) -> None:
     for action in ("pause", "resume", "abort", "cancel"):
 
         def make(action: str = action) -> None:
-            @rollouts.command(action, help=f"{action.capitalize()} a rollout"
-                              + (" and roll back every device it touched." if action == "abort" else "."))  # fmt: skip
+            @rollouts.command(
+                action,
+                help=f"{action.capitalize()} a rollout"
+                + (" and roll back every device it touched." if action == "abort" else "."),
+            )
             @click.argument("rollout_id", type=int)
             def act(rollout_id: int) -> None:
                 doc = Api().call("POST", f"/api/v1/rollouts/{rollout_id}/{action}")
@@ -305,8 +348,11 @@ def register_operator_commands(root: click.Group) -> None:
         for d in doc:
             served = ", ".join(f"{m['model']} v{m['version']}" for m in d["models"])
             labels = ",".join(f"{k}={v}" for k, v in sorted(d["labels"].items()))
-            click.echo(f"{d['id']:<20} {'online ' if d['online'] else 'offline'} {d['hardware_profile'] or '?':<20} "
-                       f"{labels:<30} {served}")  # fmt: skip
+            click.echo(
+                f"{d['id']:<20} {'online ' if d['online'] else 'offline'} "
+                f"{d['hardware_profile'] or '?':<20} "
+                f"{labels:<30} {served}"
+            )
 
     @devices.command("label")
     @click.argument("device_id")
@@ -321,7 +367,8 @@ def register_operator_commands(root: click.Group) -> None:
         """New manifest key, announced to devices beside the old one and used from now on."""
         doc = Api().call("POST", "/api/v1/keys/rotate")
         click.echo(
-            f"signing with {doc['signing_key']}; revoke the old key once the fleet has trust root N+1"
+            f"signing with {doc['signing_key']}; "
+            "revoke the old key once the fleet has trust root N+1"
         )
 
     @keys.command("revoke")
@@ -335,9 +382,33 @@ def register_operator_commands(root: click.Group) -> None:
 
 
 def _show(doc: dict[str, Any]) -> None:
-    click.echo(f"rollout {doc['id']}: {doc['model']} v{doc['version']} {doc['state']}"
-               + (f" ({doc['reason']})" if doc["reason"] else ""))  # fmt: skip
+    click.echo(
+        f"rollout {doc['id']}: {doc['model']} v{doc['version']} {doc['state']}"
+        + (f" ({doc['reason']})" if doc["reason"] else "")
+    )
     for w in doc["waves"]:
         marker = ">" if w["wave"] == doc["current_wave"] and doc["state"] == "running" else " "
         states = " ".join(f"{s}={n}" for s, n in sorted(w["states"].items()))
         click.echo(f" {marker} wave {w['wave']} ({w['size']}): {w['devices']} devices  {states}")
+
+
+def register_demo(root: click.Group) -> None:
+    @root.command()
+    @click.option(
+        "--workdir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=Path("var/demo"),
+        show_default=True,
+        help="Where the demo writes its files (emptied first).",
+    )
+    @click.option(
+        "--mqtt", "mqtt_url", help="Use this broker instead of starting a private Mosquitto."
+    )
+    def demo(workdir: Path, mqtt_url: str | None) -> None:
+        """The whole story on this machine: broker, control plane, two agents of different
+        hardware profiles; a staged rollout, inference on both, a bad version rolled back."""
+        from control_plane.demo import run_demo
+
+        raise SystemExit(run_demo(workdir, click.echo, mqtt_url))
+
+    del demo

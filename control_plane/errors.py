@@ -3,7 +3,7 @@
 ControlPlaneError        code
 +-- NotFound             not_found
 +-- Invalid              invalid_request      names the field
-+-- Conflict             conflict             e.g. a version that exists, a rollout of an unvalidated version
++-- Conflict             conflict             a version that exists, an unvalidated rollout
 +-- TooLarge             payload_too_large
 +-- Unauthorized         unauthorized
 +-- Forbidden            forbidden

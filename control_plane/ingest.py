@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Table, bindparam, update
+from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -29,7 +29,7 @@ log = logging.getLogger("edgefleet.control_plane.ingest")
 EventListener = Callable[[list[UpdateEvent]], Awaitable[None]]
 
 
-async def insert_ignore(session: AsyncSession, table: Table, rows: list[dict[str, Any]]) -> None:
+async def insert_ignore(session: AsyncSession, table: Any, rows: list[dict[str, Any]]) -> None:
     """INSERT ... ON CONFLICT DO NOTHING, in the dialect of the session's database."""
     if not rows:
         return
@@ -40,9 +40,13 @@ async def insert_ignore(session: AsyncSession, table: Table, rows: list[dict[str
 
 class Ingestor:
     def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], metrics: FleetMetrics, *, batch_size: int,
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        metrics: FleetMetrics,
+        *,
+        batch_size: int,
         max_delay_s: float,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.sessions = sessions
         self.metrics = metrics
         self.batch_size = batch_size
@@ -130,7 +134,13 @@ class Ingestor:
                     batch.append(await asyncio.wait_for(self._queue.get(), remaining))
                 except TimeoutError:
                     break
-            await self._write(batch)
+            try:
+                await self._write(batch)
+            except Exception:
+                # a batch that cannot be written must not stop ingest (a restarted database,
+                # a constraint): count it, log it, keep going
+                self.metrics.rejected("ingest", "write_failed")
+                log.exception("telemetry batch not stored", extra={"messages": len(batch)})
 
     async def drain(self) -> None:
         """Write whatever is queued now (tests and shutdown)."""
@@ -151,27 +161,63 @@ class Ingestor:
                 continue
             t: Telemetry = message
             seen[t.device_id] = max(seen.get(t.device_id, t.time), t.time)
-            devices.append({"device_id": t.device_id, "seq": t.seq, "time": t.time,
-                            "cpu_percent": t.device.cpu_percent, "memory_used_bytes": t.device.memory_used_bytes,
-                            "temperature_c": t.device.temperature_c, "dropped": t.dropped})  # fmt: skip
+            devices.append(
+                {
+                    "device_id": t.device_id,
+                    "seq": t.seq,
+                    "time": t.time,
+                    "cpu_percent": t.device.cpu_percent,
+                    "memory_used_bytes": t.device.memory_used_bytes,
+                    "temperature_c": t.device.temperature_c,
+                    "dropped": t.dropped,
+                }
+            )
             for m in t.models:
-                samples.append({"device_id": t.device_id, "seq": t.seq, "time": t.time, "window_s": t.window_s,
-                                "model": m.model, "version": m.version, "requests": m.requests,
-                                "errors": m.errors, "rows": m.rows, "batches": m.batches, "p50_ms": m.p50_ms,
-                                "p95_ms": m.p95_ms, "p99_ms": m.p99_ms, "queue_depth": m.queue_depth})  # fmt: skip
+                samples.append(
+                    {
+                        "device_id": t.device_id,
+                        "seq": t.seq,
+                        "time": t.time,
+                        "window_s": t.window_s,
+                        "model": m.model,
+                        "version": m.version,
+                        "requests": m.requests,
+                        "errors": m.errors,
+                        "rows": m.rows,
+                        "batches": m.batches,
+                        "p50_ms": m.p50_ms,
+                        "p95_ms": m.p95_ms,
+                        "p99_ms": m.p99_ms,
+                        "queue_depth": m.queue_depth,
+                    }
+                )
         async with self.sessions.begin() as session:
-            await insert_ignore(session, DeviceSample.__table__, devices)  # type: ignore[arg-type]
-            await insert_ignore(session, TelemetrySample.__table__, samples)  # type: ignore[arg-type]
-            await insert_ignore(session, UpdateEventRecord.__table__, [  # type: ignore[arg-type]
-                {"event_id": e.event_id, "device_id": e.device_id, "time": e.time, "model": e.model,
-                 "version": e.version, "sequence": e.sequence, "rollout_id": e.rollout_id,
-                 "state": e.state.value, "code": e.code, "reason": e.reason}
-                for e in events
-            ])  # fmt: skip
+            await insert_ignore(session, DeviceSample.__table__, devices)
+            await insert_ignore(session, TelemetrySample.__table__, samples)
+            await insert_ignore(
+                session,
+                UpdateEventRecord.__table__,
+                [
+                    {
+                        "event_id": e.event_id,
+                        "device_id": e.device_id,
+                        "time": e.time,
+                        "model": e.model,
+                        "version": e.version,
+                        "sequence": e.sequence,
+                        "rollout_id": e.rollout_id,
+                        "state": e.state.value,
+                        "code": e.code,
+                        "reason": e.reason,
+                    }
+                    for e in events
+                ],
+            )
             if seen:
-                touch = update(Device.__table__).where(Device.__table__.c.id == bindparam("did"))
-                await session.execute(touch.values(last_seen=bindparam("when")),
-                                      [{"did": d, "when": w} for d, w in seen.items()])  # fmt: skip
+                await session.execute(  # an ORM bulk UPDATE by primary key
+                    update(Device),
+                    [{"id": d, "last_seen": w} for d, w in seen.items()],
+                )
         self.stored += len(batch)
         self.metrics.ingested(samples, len(devices), len(events))
         if events:

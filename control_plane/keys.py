@@ -38,8 +38,12 @@ class KeyRing:
     def initial_trust_root(self) -> TrustRoot:
         if self.root_key is None:
             raise RuntimeError("the root key is needed to create a trust root")
-        return TrustRoot(version=1, root_keys=[self.root_key.public()], manifest_keys=[self.manifest_key.public()],
-                         issued_at=datetime.now(UTC))  # fmt: skip
+        return TrustRoot(
+            version=1,
+            root_keys=[self.root_key.public()],
+            manifest_keys=[self.manifest_key.public()],
+            issued_at=datetime.now(UTC),
+        )
 
     def sign_root(self, trust: TrustRoot) -> Envelope:
         if self.root_key is None:

@@ -29,8 +29,11 @@ def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
     sessions = session_factory(engine)
     keys_dir = settings.state_dir / "keys"
     manifest_path = settings.signing_key_file or keys_dir / "manifest.pem"
-    keys = KeyRing(load_or_create_key(manifest_path), load_or_create_key(settings.root_key_file or keys_dir / "root.pem"),
-                   manifest_path)  # fmt: skip
+    keys = KeyRing(
+        load_or_create_key(manifest_path),
+        load_or_create_key(settings.root_key_file or keys_dir / "root.pem"),
+        manifest_path,
+    )
     metrics = FleetMetrics()
     ingestor = Ingestor(
         sessions,
@@ -39,8 +42,15 @@ def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
         max_delay_s=settings.ingest_max_delay_s,
     )
     bus = FleetBus(settings, ingestor)
-    rollouts = RolloutEngine(sessions, bus, keys, metrics, manifest_ttl_s=settings.manifest_ttl_s,
-                             artifact_base_url=settings.artifact_base_url(), tick_s=settings.rollout_tick_s)  # fmt: skip
+    rollouts = RolloutEngine(
+        sessions,
+        bus,
+        keys,
+        metrics,
+        manifest_ttl_s=settings.manifest_ttl_s,
+        artifact_base_url=settings.artifact_base_url(),
+        tick_s=settings.rollout_tick_s,
+    )
     ingestor.listeners.append(rollouts.on_events)
     ingestor.on_device_online.append(rollouts.on_device_online)
     store = ArtifactStore(settings.artifact_dir, settings.max_upload_bytes)
@@ -52,6 +62,14 @@ def run(settings: ControlPlaneSettings) -> None:
     configure_logging(settings.log_level)
     services, trust = build(settings)
     app = create_app(services, trust)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-                            lifespan="on", server_header=False, timeout_graceful_shutdown=10)  # fmt: skip
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        server_header=False,
+        timeout_graceful_shutdown=10,
+    )
     GracefulServer(config).run()

@@ -19,8 +19,11 @@ log = logging.getLogger("edgefleet.control_plane.maintenance")
 CHUNK = 10_000
 
 
-async def compact(sessions: async_sessionmaker[AsyncSession], settings: ControlPlaneSettings,
-                  now: datetime | None = None) -> int:  # fmt: skip
+async def compact(
+    sessions: async_sessionmaker[AsyncSession],
+    settings: ControlPlaneSettings,
+    now: datetime | None = None,
+) -> int:
     """One pass; returns the raw rows folded into rollups."""
     now = now or datetime.now(UTC)
     cutoff = now - timedelta(seconds=settings.telemetry_raw_retention_s)
@@ -28,30 +31,49 @@ async def compact(sessions: async_sessionmaker[AsyncSession], settings: ControlP
     folded = 0
     while True:
         async with sessions.begin() as s:
-            rows = (await s.execute(select(TelemetrySample).where(TelemetrySample.time < cutoff)
-                                    .order_by(TelemetrySample.id).limit(CHUNK))).scalars().all()  # fmt: skip
+            rows = (
+                (
+                    await s.execute(
+                        select(TelemetrySample)
+                        .where(TelemetrySample.time < cutoff)
+                        .order_by(TelemetrySample.id)
+                        .limit(CHUNK)
+                    )
+                )
+                .scalars()
+                .all()
+            )
             if not rows:
                 break
             buckets: dict[tuple[str, str, int, datetime], dict[str, Any]] = {}
             for r in rows:
                 t = r.time if r.time.tzinfo else r.time.replace(tzinfo=UTC)
                 bucket = datetime.fromtimestamp(t.timestamp() // bucket_s * bucket_s, UTC)
-                b = buckets.setdefault((r.device_id, r.model, r.version, bucket),
-                                       {"requests": 0, "errors": 0, "rows": 0, "p99_ms_max": None})  # fmt: skip
+                b = buckets.setdefault(
+                    (r.device_id, r.model, r.version, bucket),
+                    {"requests": 0, "errors": 0, "rows": 0, "p99_ms_max": None},
+                )
                 b["requests"] += r.requests
                 b["errors"] += r.errors
                 b["rows"] += r.rows
                 if r.p99_ms is not None:
                     b["p99_ms_max"] = max(b["p99_ms_max"] or 0.0, r.p99_ms)
             for (device_id, model, version, bucket), b in buckets.items():
-                existing = (await s.execute(select(TelemetryRollup).where(
-                    TelemetryRollup.device_id == device_id, TelemetryRollup.model == model,
-                    TelemetryRollup.version == version, TelemetryRollup.bucket == bucket))).scalar_one_or_none()  # fmt: skip
+                existing = (
+                    await s.execute(
+                        select(TelemetryRollup).where(
+                            TelemetryRollup.device_id == device_id,
+                            TelemetryRollup.model == model,
+                            TelemetryRollup.version == version,
+                            TelemetryRollup.bucket == bucket,
+                        )
+                    )
+                ).scalar_one_or_none()
                 if existing is None:
                     await insert_ignore(
                         s,
                         TelemetryRollup.__table__,
-                        [  # type: ignore[arg-type]
+                        [
                             {
                                 "device_id": device_id,
                                 "model": model,

@@ -21,14 +21,30 @@ class FleetMetrics:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("edgefleet_fleet_requests", "Inference requests reported by devices",
-                                ["model", "version"], registry=r)  # fmt: skip
-        self.errors = Counter("edgefleet_fleet_errors", "Model errors reported by devices", ["model", "version"],
-                              registry=r)  # fmt: skip
-        self.rows = Counter("edgefleet_fleet_rows", "Rows inferred, reported by devices", ["model", "version"],
-                            registry=r)  # fmt: skip
-        self.p99 = Gauge("edgefleet_fleet_p99_ms", "Largest p99 latency in the last telemetry batch",
-                         ["model", "version"], registry=r)  # fmt: skip
+        self.requests = Counter(
+            "edgefleet_fleet_requests",
+            "Inference requests reported by devices",
+            ["model", "version"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "edgefleet_fleet_errors",
+            "Model errors reported by devices",
+            ["model", "version"],
+            registry=r,
+        )
+        self.rows = Counter(
+            "edgefleet_fleet_rows",
+            "Rows inferred, reported by devices",
+            ["model", "version"],
+            registry=r,
+        )
+        self.p99 = Gauge(
+            "edgefleet_fleet_p99_ms",
+            "Largest p99 latency in the last telemetry batch",
+            ["model", "version"],
+            registry=r,
+        )
         self.telemetry = Counter(
             "edgefleet_telemetry_messages", "Telemetry messages stored", registry=r
         )
@@ -64,8 +80,11 @@ class FleetMetrics:
         return generate_latest(self.registry)
 
     def collect_state(self) -> Iterator[GaugeMetricFamily]:
-        yield GaugeMetricFamily("edgefleet_devices_online", "Devices whose last status is online",
-                                value=sum(self._online.values()))  # fmt: skip
+        yield GaugeMetricFamily(
+            "edgefleet_devices_online",
+            "Devices whose last status is online",
+            value=sum(self._online.values()),
+        )
         yield GaugeMetricFamily(
             "edgefleet_devices_known", "Devices that ever reported", value=len(self._online)
         )

@@ -80,9 +80,11 @@ async def get_model(session: AsyncSession, name: str) -> Model:
 
 async def get_version(session: AsyncSession, name: str, version: int) -> ModelVersion:
     row = await session.execute(
-        select(ModelVersion).join(Model).where(Model.name == name, ModelVersion.version == version)
+        select(ModelVersion)
+        .join(Model)
+        .where(Model.name == name, ModelVersion.version == version)
         .options(selectinload(ModelVersion.model))
-    )  # fmt: skip
+    )
     mv = row.scalar_one_or_none()
     if mv is None:
         raise NotFound(f"model {name!r} has no version {version}")
@@ -101,9 +103,15 @@ async def ensure_model(session: AsyncSession, name: str, description: str = "") 
 
 
 async def create_version(
-    session: AsyncSession, name: str, version: int, *, variants: list[dict[str, Any]],
-    config: dict[str, Any], health: dict[str, Any], user: str,
-) -> ModelVersion:  # fmt: skip
+    session: AsyncSession,
+    name: str,
+    version: int,
+    *,
+    variants: list[dict[str, Any]],
+    config: dict[str, Any],
+    health: dict[str, Any],
+    user: str,
+) -> ModelVersion:
     try:
         ModelConfig.model_validate(config)
     except ValidationError as exc:
@@ -131,8 +139,16 @@ async def create_version(
     )
     if existing.first() is not None:
         raise Conflict(f"model {name!r} already has version {version}; versions are immutable")
-    mv = ModelVersion(model_id=model.id, version=version, config=config, health=health, variants=clean,
-                      uploaded_by=user, created_at=datetime.now(UTC), stage="candidate")  # fmt: skip
+    mv = ModelVersion(
+        model_id=model.id,
+        version=version,
+        config=config,
+        health=health,
+        variants=clean,
+        uploaded_by=user,
+        created_at=datetime.now(UTC),
+        stage="candidate",
+    )
     session.add(mv)
     await session.flush()
     return mv

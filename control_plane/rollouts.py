@@ -107,18 +107,25 @@ def wave_bounds(waves: Sequence[str], total: int) -> list[int]:
     return bounds
 
 
-def _aware(when: datetime | None) -> datetime | None:
-    """SQLite returns naive datetimes for timezone columns; they were stored in UTC."""
+def _utc(when: datetime | None) -> datetime:
+    """A stored timestamp that must be set, as an aware UTC datetime."""
     if when is None:
-        return None
+        raise ValueError("timestamp is not set")
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 class RolloutEngine:
     def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], bus: FleetBus, keys: KeyRing,
-        metrics: FleetMetrics, *, manifest_ttl_s: float, artifact_base_url: str, tick_s: float,
-    ) -> None:  # fmt: skip
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        bus: FleetBus,
+        keys: KeyRing,
+        metrics: FleetMetrics,
+        *,
+        manifest_ttl_s: float,
+        artifact_base_url: str,
+        tick_s: float,
+    ) -> None:
         self.sessions = sessions
         self.bus = bus
         self.keys = keys
@@ -154,17 +161,35 @@ class RolloutEngine:
             model.next_sequence += 1
             now = datetime.now(UTC)
             rollout = Rollout(
-                model=spec.model, version=spec.version, sequence=sequence, manifest={},
-                selector=spec.selector, profiles=spec.profiles, waves=spec.waves,
-                bake_time_s=spec.bake_time_s, device_timeout_s=spec.device_timeout_s,
-                gates=spec.gates.model_dump(), state="running", current_wave=0, reason="", gate_report={},
-                created_by=user, created_at=now, updated_at=now,
-            )  # fmt: skip
+                model=spec.model,
+                version=spec.version,
+                sequence=sequence,
+                manifest={},
+                selector=spec.selector,
+                profiles=spec.profiles,
+                waves=spec.waves,
+                bake_time_s=spec.bake_time_s,
+                device_timeout_s=spec.device_timeout_s,
+                gates=spec.gates.model_dump(),
+                state="running",
+                current_wave=0,
+                reason="",
+                gate_report={},
+                created_by=user,
+                created_at=now,
+                updated_at=now,
+            )
             session.add(rollout)
             await session.flush()
             target = {"device_ids": [d.id for d in targets]}
-            payload = build_manifest(mv, sequence=sequence, base_url=self.artifact_base_url, target=target,
-                                     rollout_id=f"rollout-{rollout.id}", ttl_s=self.manifest_ttl_s)  # fmt: skip
+            payload = build_manifest(
+                mv,
+                sequence=sequence,
+                base_url=self.artifact_base_url,
+                target=target,
+                rollout_id=f"rollout-{rollout.id}",
+                ttl_s=self.manifest_ttl_s,
+            )
             rollout.manifest = self.keys.sign(payload)
             bounds = wave_bounds(spec.waves, len(targets))
             for position, device in enumerate(
@@ -172,11 +197,18 @@ class RolloutEngine:
             ):  # beyond the last wave: untouched
                 wave = next(i for i, b in enumerate(bounds) if position < b)
                 served = {m["model"]: m["version"] for m in device.models}
-                session.add(RolloutDevice(
-                    rollout_id=rollout.id, device_id=device.id, position=position, wave=wave, state="pending",
-                    previous_version=served.get(spec.model), previous_desired=device.desired.get(spec.model),
-                    reason="",
-                ))  # fmt: skip
+                session.add(
+                    RolloutDevice(
+                        rollout_id=rollout.id,
+                        device_id=device.id,
+                        position=position,
+                        wave=wave,
+                        state="pending",
+                        previous_version=served.get(spec.model),
+                        previous_desired=device.desired.get(spec.model),
+                        reason="",
+                    )
+                )
             rollout_id = rollout.id
         await self.step(rollout_id)
         return rollout_id
@@ -184,10 +216,11 @@ class RolloutEngine:
     async def _targets(self, session: AsyncSession, spec: RolloutSpec) -> list[Device]:
         devices = (await session.execute(select(Device).order_by(Device.id))).scalars().all()
         return [
-            d for d in devices
+            d
+            for d in devices
             if all(d.labels.get(k) == v for k, v in spec.selector.items())
             and (not spec.profiles or d.hardware_profile in spec.profiles)
-        ]  # fmt: skip
+        ]
 
     async def pause(self, rollout_id: int) -> None:
         await self._transition(rollout_id, {"running"}, "paused")
@@ -273,8 +306,14 @@ class RolloutEngine:
         state, now = event.state.value, datetime.now(UTC)
         if event.rollout_id and event.rollout_id.startswith("rollout-"):
             rollout_id = int(event.rollout_id.removeprefix("rollout-"))
-            rd = (await session.execute(select(RolloutDevice).where(
-                RolloutDevice.rollout_id == rollout_id, RolloutDevice.device_id == event.device_id))).scalar_one_or_none()  # fmt: skip
+            rd = (
+                await session.execute(
+                    select(RolloutDevice).where(
+                        RolloutDevice.rollout_id == rollout_id,
+                        RolloutDevice.device_id == event.device_id,
+                    )
+                )
+            ).scalar_one_or_none()
             if rd is None or state not in ("committed", "rejected", "rolled_back"):
                 return None
             reason = f"{event.code}: {event.reason}" if event.code else ""
@@ -298,9 +337,21 @@ class RolloutEngine:
             "fleet_command",
             "nothing_to_roll_back",
         ):
-            rows = (await session.execute(select(RolloutDevice).join(Rollout).where(
-                RolloutDevice.device_id == event.device_id, RolloutDevice.state == "reverting",
-                Rollout.model == event.model))).scalars().all()  # fmt: skip
+            rows = (
+                (
+                    await session.execute(
+                        select(RolloutDevice)
+                        .join(Rollout)
+                        .where(
+                            RolloutDevice.device_id == event.device_id,
+                            RolloutDevice.state == "reverting",
+                            Rollout.model == event.model,
+                        )
+                    )
+                )
+                .scalars()
+                .all()
+            )
             for rd in rows:
                 rd.state, rd.reason, rd.updated_at = (
                     "reverted",
@@ -312,9 +363,13 @@ class RolloutEngine:
 
     async def step(self, rollout_id: int) -> None:
         async with self._lock, self.sessions.begin() as session:
-            rollout = (await session.execute(
-                select(Rollout).where(Rollout.id == rollout_id).options(selectinload(Rollout.devices))
-            )).scalar_one_or_none()  # fmt: skip
+            rollout = (
+                await session.execute(
+                    select(Rollout)
+                    .where(Rollout.id == rollout_id)
+                    .options(selectinload(Rollout.devices))
+                )
+            ).scalar_one_or_none()
             if rollout is None or rollout.state not in ACTIVE:
                 return
             now = datetime.now(UTC)
@@ -332,9 +387,13 @@ class RolloutEngine:
         if not waiting:
             return
         devices = {
-            d.id: d for d in (await session.execute(
-                select(Device).where(Device.id.in_([w.device_id for w in waiting])))).scalars()
-        }  # fmt: skip
+            d.id: d
+            for d in (
+                await session.execute(
+                    select(Device).where(Device.id.in_([w.device_id for w in waiting]))
+                )
+            ).scalars()
+        }
         for rd in waiting:
             device = devices.get(rd.device_id)
             if device is None:
@@ -361,13 +420,19 @@ class RolloutEngine:
             for rd in wave_devices:
                 await self._send(session, rollout, rd, now)
             rollout.wave_started_at = now
-            log.info("wave started", extra={"rollout": rollout.id, "wave": rollout.current_wave,
-                                            "devices": len(wave_devices)})  # fmt: skip
+            log.info(
+                "wave started",
+                extra={
+                    "rollout": rollout.id,
+                    "wave": rollout.current_wave,
+                    "devices": len(wave_devices),
+                },
+            )
         for rd in wave_devices:
             if (
                 rd.state == "sent"
-                and _aware(rd.sent_at) + timedelta(seconds=rollout.device_timeout_s) < now
-            ):  # type: ignore[operator]
+                and _utc(rd.sent_at) + timedelta(seconds=rollout.device_timeout_s) < now
+            ):
                 rd.state, rd.reason, rd.updated_at = (
                     "timed_out",
                     "no answer within device_timeout_s",
@@ -381,8 +446,12 @@ class RolloutEngine:
                 rollout, f"self-test failed on {self_test[0].device_id}: {self_test[0].reason}"
             )
         if len(failed) > gates.max_rejections:
-            return self._fail(rollout, f"{len(failed)} device(s) refused or rolled back the update "
-                                       f"(allowed {gates.max_rejections}); first: {failed[0].device_id}: {failed[0].reason}")  # fmt: skip
+            return self._fail(
+                rollout,
+                f"{len(failed)} device(s) refused or rolled back the update "
+                f"(allowed {gates.max_rejections}); "
+                f"first: {failed[0].device_id}: {failed[0].reason}",
+            )
         if any(d.state not in DEVICE_DONE for d in wave_devices):
             return None
         if rollout.bake_started_at is None:
@@ -391,7 +460,7 @@ class RolloutEngine:
         rollout.gate_report = {**rollout.gate_report, str(rollout.current_wave): report}
         if verdict:
             return self._fail(rollout, verdict)
-        if _aware(rollout.bake_started_at) + timedelta(seconds=rollout.bake_time_s) > now:  # type: ignore[operator]
+        if _utc(rollout.bake_started_at) + timedelta(seconds=rollout.bake_time_s) > now:
             return None  # still baking
         if rollout.current_wave + 1 >= len(rollout.waves) or not [
             d for d in rollout.devices if d.wave > rollout.current_wave
@@ -422,8 +491,10 @@ class RolloutEngine:
         now: datetime,
     ) -> tuple[str | None, dict[str, Any]]:
         ids = [d.device_id for d in touched if d.state == "committed"]
-        since = _aware(rollout.bake_started_at)
-        new = await _window(session, rollout.model, rollout.version, ids, since, now)  # type: ignore[arg-type]
+        # every window of the new version on touched devices counts: it only runs there since
+        # they switched, whatever the bake window says
+        since = _utc(rollout.created_at)
+        new = await _window(session, rollout.model, rollout.version, ids, since, now)
         report: dict[str, Any] = {
             "requests": new["requests"],
             "errors": new["errors"],
@@ -437,20 +508,27 @@ class RolloutEngine:
         rate = new["errors"] / new["requests"]
         report["error_rate"] = rate
         if rate > gates.max_error_rate:
-            return (f"error rate {rate:.1%} over {new['requests']} requests exceeds {gates.max_error_rate:.1%}",
-                    report)  # fmt: skip
+            return (
+                f"error rate {rate:.1%} over {new['requests']} requests "
+                f"exceeds {gates.max_error_rate:.1%}",
+                report,
+            )
         previous = {d.previous_version for d in touched if d.previous_version is not None}
         if previous and new["p99_ms"]:
-            created = _aware(rollout.created_at)
+            created = _utc(rollout.created_at)
             base = await _window(
                 session, rollout.model, previous.pop(), ids, created - BASELINE, created
-            )  # type: ignore[operator]
+            )
             if base["p99_ms"] and base["requests"] >= gates.min_requests:
                 ratio = new["p99_ms"] / base["p99_ms"]
                 report["p99_ratio"] = ratio
                 if ratio > gates.max_p99_ratio:
-                    return (f"p99 latency {new['p99_ms']:.1f} ms is {ratio:.2f}x the previous version's "
-                            f"{base['p99_ms']:.1f} ms (limit {gates.max_p99_ratio}x)", report)  # fmt: skip
+                    return (
+                        f"p99 latency {new['p99_ms']:.1f} ms is {ratio:.2f}x "
+                        "the previous version's "
+                        f"{base['p99_ms']:.1f} ms (limit {gates.max_p99_ratio}x)",
+                        report,
+                    )
         return None, report
 
     async def _send(
@@ -484,12 +562,12 @@ class RolloutEngine:
             if rd.state == "reverting" and rd.sent_at is None:
                 self.bus.publish_command(rd.device_id, self._command(rollout, rd))
                 rd.sent_at = rd.updated_at = now
-            elif rd.state == "reverting" and _aware(rd.sent_at) + timeout < now:  # type: ignore[operator]
+            elif rd.state == "reverting" and _utc(rd.sent_at) + timeout < now:
                 rd.state, rd.reason = (
                     "revert_timed_out",
                     "no answer to the rollback command in time",
                 )
-            elif rd.state == "reverting_pending" and _aware(rd.updated_at) + timeout < now:  # type: ignore[operator]
+            elif rd.state == "reverting_pending" and _utc(rd.updated_at) + timeout < now:
                 # it never reported the new version; its desired state no longer holds it
                 rd.state, rd.reason = "reverted", "never reported the new version"
         if not [d for d in rollout.devices if d.state in ("reverting", "reverting_pending")]:
@@ -514,12 +592,21 @@ class RolloutEngine:
 
     def _command(self, rollout: Rollout, rd: RolloutDevice) -> dict[str, Any]:
         now = datetime.now(UTC)
-        return self.keys.sign({
-            "schema_version": 1, "command_id": uuid.uuid4().hex, "device_id": rd.device_id,
-            "type": "rollback", "model": rollout.model, "from_version": rollout.version,
-            "reason": f"rollout {rollout.id}: {rollout.reason}", "issued_at": now.isoformat(),
-            "expires_at": (now + timedelta(seconds=max(rollout.device_timeout_s, 3600))).isoformat(),
-        })  # fmt: skip
+        return self.keys.sign(
+            {
+                "schema_version": 1,
+                "command_id": uuid.uuid4().hex,
+                "device_id": rd.device_id,
+                "type": "rollback",
+                "model": rollout.model,
+                "from_version": rollout.version,
+                "reason": f"rollout {rollout.id}: {rollout.reason}",
+                "issued_at": now.isoformat(),
+                "expires_at": (
+                    now + timedelta(seconds=max(rollout.device_timeout_s, 3600))
+                ).isoformat(),
+            }
+        )
 
 
 async def _window(
@@ -535,12 +622,22 @@ async def _window(
         return {"requests": 0, "errors": 0, "p99_ms": None}
     t = TelemetrySample
     with_p99 = case((t.p99_ms.is_not(None), t.requests), else_=0)
-    row = (await session.execute(
-        select(func.coalesce(func.sum(t.requests), 0), func.coalesce(func.sum(t.errors), 0),
-               func.sum(t.p99_ms * with_p99), func.sum(with_p99))
-        .where(t.model == model, t.version == version, t.device_id.in_(device_ids), t.time >= since,
-               t.time <= until)
-    )).one()  # fmt: skip
+    row = (
+        await session.execute(
+            select(
+                func.coalesce(func.sum(t.requests), 0),
+                func.coalesce(func.sum(t.errors), 0),
+                func.sum(t.p99_ms * with_p99),
+                func.sum(with_p99),
+            ).where(
+                t.model == model,
+                t.version == version,
+                t.device_id.in_(device_ids),
+                t.time >= since,
+                t.time <= until,
+            )
+        )
+    ).one()
     requests, errors, weighted, weight = int(row[0]), int(row[1]), row[2], row[3]
     return {
         "requests": requests,

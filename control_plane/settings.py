@@ -19,9 +19,12 @@ from agent.settings import settings_from
 
 class ControlPlaneSettings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="EDGEFLEET_CP_", env_nested_delimiter="__", frozen=True, extra="forbid",
+        env_prefix="EDGEFLEET_CP_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
         use_attribute_docstrings=True,
-    )  # fmt: skip
+    )
 
     db_url: str = "sqlite+aiosqlite:///var/control-plane/edgefleet.db"
     """SQLAlchemy URL: sqlite+aiosqlite:///path or postgresql+psycopg://user@host/db."""
@@ -71,10 +74,13 @@ class ControlPlaneSettings(BaseSettings):
 
     @classmethod
     def settings_customise_sources(
-        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:  # fmt: skip
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
 
     def artifact_base_url(self) -> str:

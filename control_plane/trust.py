@@ -1,5 +1,5 @@
 """The fleet's trust root: created on first start, published retained, rotated and revoked
-through the protocol's signed trust root updates (see docs/protocol.md, "Trust and key rotation")."""
+through the protocol's signed trust root updates (docs/protocol.md, "Trust and key rotation")."""
 
 from __future__ import annotations
 
@@ -91,8 +91,13 @@ class TrustManager:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as fh:
             fh.write(new_key.to_pem())
-        trust = current.model_copy(update={"version": current.version + 1, "issued_at": datetime.now(UTC),
-                                           "manifest_keys": [*current.manifest_keys, new_key.public()]})  # fmt: skip
+        trust = current.model_copy(
+            update={
+                "version": current.version + 1,
+                "issued_at": datetime.now(UTC),
+                "manifest_keys": [*current.manifest_keys, new_key.public()],
+            }
+        )
         await self._store(trust)
         self.keys.manifest_key, self.keys.trust = new_key, trust
         await self._publish(trust)
@@ -108,11 +113,14 @@ class TrustManager:
             raise Conflict("that is the key signing manifests now; rotate first")
         if key_id not in {k.key_id for k in current.manifest_keys}:
             raise NotFound(f"{key_id} is not a manifest key of trust root {current.version}")
-        trust = current.model_copy(update={
-            "version": current.version + 1, "issued_at": datetime.now(UTC),
-            "manifest_keys": [k for k in current.manifest_keys if k.key_id != key_id],
-            "revoked": sorted({*current.revoked, key_id}),
-        })  # fmt: skip
+        trust = current.model_copy(
+            update={
+                "version": current.version + 1,
+                "issued_at": datetime.now(UTC),
+                "manifest_keys": [k for k in current.manifest_keys if k.key_id != key_id],
+                "revoked": sorted({*current.revoked, key_id}),
+            }
+        )
         await self._store(trust)
         self.keys.trust = trust
         await self._publish(trust)

@@ -40,10 +40,16 @@ def _probe_inputs(runtime: Runtime) -> dict[str, np.ndarray]:
 
 
 def validate(
-    store: ArtifactStore, variants: list[dict[str, Any]], golden: dict[str, Any] | None,
-    validation_data: dict[str, Any] | None, production_accuracy: float | None, *,
-    rtol: float, atol: float, margin: float,
-) -> dict[str, Any]:  # fmt: skip
+    store: ArtifactStore,
+    variants: list[dict[str, Any]],
+    golden: dict[str, Any] | None,
+    validation_data: dict[str, Any] | None,
+    production_accuracy: float | None,
+    *,
+    rtol: float,
+    atol: float,
+    margin: float,
+) -> dict[str, Any]:
     checks: list[dict[str, Any]] = []
 
     def check(name: str, passed: bool, detail: str = "") -> None:
@@ -106,8 +112,11 @@ def validate(
             accuracy = _accuracy(first, store.path(validation_data["sha256"]))
             if production_accuracy is not None:
                 ok = accuracy >= production_accuracy - margin
-                check("accuracy against production", ok,
-                      f"{accuracy:.4f} vs production {production_accuracy:.4f} (margin {margin})")  # fmt: skip
+                check(
+                    "accuracy against production",
+                    ok,
+                    f"{accuracy:.4f} vs production {production_accuracy:.4f} (margin {margin})",
+                )
             else:
                 check(
                     "accuracy recorded", True, f"{accuracy:.4f} (no production version to compare)"
@@ -117,9 +126,11 @@ def validate(
     if not outputs:
         check("at least one variant runs", False, "nothing could be run")
     return {
-        "passed": all(c["passed"] for c in checks), "checks": checks, "accuracy": accuracy,
+        "passed": all(c["passed"] for c in checks),
+        "checks": checks,
+        "accuracy": accuracy,
         "validated_at": datetime.now(UTC).isoformat(),
-    }  # fmt: skip
+    }
 
 
 def _accuracy(runtime: Runtime, path: Path) -> float:

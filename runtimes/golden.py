@@ -73,8 +73,10 @@ class GoldenSample:
 
 def _storable(array: np.ndarray) -> np.ndarray:
     if array.dtype == object:
-        return np.array([x if isinstance(x, bytes) else str(x).encode() for x in array.reshape(-1)],
-                        dtype=np.bytes_).reshape(array.shape)  # fmt: skip
+        return np.array(
+            [x if isinstance(x, bytes) else str(x).encode() for x in array.reshape(-1)],
+            dtype=np.bytes_,
+        ).reshape(array.shape)
     return array
 
 

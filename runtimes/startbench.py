@@ -52,8 +52,11 @@ def _run_child(runtime: str, model_file: Path, cache: Path) -> dict[str, float]:
     started = time.perf_counter()
     out = subprocess.run(
         [sys.executable, "-c", _CHILD, runtime, str(model_file), str(cache)],
-        capture_output=True, text=True, check=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     result["process_to_first_inference_s"] = time.perf_counter() - started
     return result
@@ -99,7 +102,7 @@ def main() -> None:
     print(
         f"{'runtime':<12} {'model':<8} {'cold load':>10} {'warm load':>10} {'ratio':>6} "
         f"{'cold start->1st':>16} {'warm start->1st':>16} {'ratio':>6}"
-    )  # fmt: skip
+    )
     for r in rows:
         print(
             f"{r['runtime']:<12} {r['model']:<8} "

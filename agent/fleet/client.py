@@ -88,6 +88,7 @@ class FleetClient:
         self.store = ModelStore(manager.repository)
         self.store.recover()
         self._queued: set[tuple[str, int]] = set()
+        self._last_desired: bytes | None = None
         """(model, sequence) of manifests submitted and not finished: redeliveries are ignored."""
         self.outbox = Outbox(
             settings.state_dir / "outbox.sqlite3",
@@ -175,12 +176,11 @@ class FleetClient:
 
     async def _session(self, client: aiomqtt.Client) -> None:
         topics = self.topics
+        # The trust root first: its retained copy then arrives before the retained desired
+        # state, so manifests signed by a newly announced key verify on the first pass.
+        await client.subscribe(topics.trust, qos=1)
         await client.subscribe(
-            [
-                (topics.desired(self.device_id), 1),
-                (topics.commands(self.device_id), 1),
-                (topics.trust, 1),
-            ]
+            [(topics.desired(self.device_id), 1), (topics.commands(self.device_id), 1)]
         )
         self._status_dirty = True
         self.connected.set()
@@ -360,6 +360,7 @@ class FleetClient:
             raise ProtocolError(
                 Rejection.WRONG_TARGET, f"desired state for device {desired.device_id}"
             )
+        self._last_desired = payload
         now = datetime.now(UTC)
         for raw in desired.manifests:
             try:
@@ -408,6 +409,8 @@ class FleetClient:
             return  # the retained copy of the root we hold
         self.trust = apply_trust_update(self.trust, envelope)
         self.files.save_trust(self.trust)
+        if self._last_desired is not None:  # what a key unknown until now signed may verify now
+            self._on_desired(self._last_desired)
         log.info(
             "trust root updated",
             extra={

@@ -317,7 +317,7 @@ class Updater:
         key = (vm.manifest.model, vm.manifest.sequence)
         attempt = self._retries.get(key, 0) + 1
         self._retries[key] = attempt
-        delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (attempt - 1))
+        delay = float(min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (attempt - 1)))
 
         async def later() -> None:
             await asyncio.sleep(delay)
@@ -342,8 +342,11 @@ class Updater:
             )
 
         if command.from_version is not None and ms.committed_version != command.from_version:
-            say(UpdateState.REJECTED, Rejection.NOTHING_TO_ROLL_BACK,
-                f"{command.model} runs version {ms.committed_version}, not {command.from_version}")  # fmt: skip
+            say(
+                UpdateState.REJECTED,
+                Rejection.NOTHING_TO_ROLL_BACK,
+                f"{command.model} runs version {ms.committed_version}, not {command.from_version}",
+            )
             return
         if target is None or version_dir is None or not version_dir.is_dir():
             say(

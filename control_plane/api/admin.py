@@ -36,8 +36,12 @@ async def new_token(
 @router.get("/keys", summary="The current trust root: public keys, revoked keys, version")
 async def keys(request: Request, _: Principal = VIEWER) -> Response:
     trust = await request.app.state.trust.current()
-    return json_response({"signing_key": request.app.state.services.keys.manifest_key.key_id,
-                          "trust_root": trust.model_dump(mode="json")})  # fmt: skip
+    return json_response(
+        {
+            "signing_key": request.app.state.services.keys.manifest_key.key_id,
+            "trust_root": trust.model_dump(mode="json"),
+        }
+    )
 
 
 @router.post(
@@ -67,5 +71,15 @@ async def audit_log(
     rows = (
         await s.execute(select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit))
     ).scalars()
-    return json_response([{"time": r.time.isoformat(), "actor": r.actor, "action": r.action, "target": r.target,
-                           "details": r.details} for r in rows])  # fmt: skip
+    return json_response(
+        [
+            {
+                "time": r.time.isoformat(),
+                "actor": r.actor,
+                "action": r.action,
+                "target": r.target,
+                "details": r.details,
+            }
+            for r in rows
+        ]
+    )

@@ -46,8 +46,12 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
             await svc.ingestor.drain()
             log.info("control plane stopped")
 
-    app = FastAPI(title="edgefleet control plane", version=__version__, lifespan=lifespan,
-                  description="Model registry, device inventory, staged rollouts, telemetry.")  # fmt: skip
+    app = FastAPI(
+        title="edgefleet control plane",
+        version=__version__,
+        lifespan=lifespan,
+        description="Model registry, device inventory, staged rollouts, telemetry.",
+    )
     app.state.services = svc
     app.state.trust = trust
     app.include_router(models.router)
@@ -66,8 +70,14 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
         except Exception:
             db_ok = False
         ok = db_ok and svc.bus.connected.is_set()
-        return json_response({"status": "ok" if ok else "degraded", "database": db_ok,
-                              "mqtt": svc.bus.connected.is_set()}, 200 if ok else 503)  # fmt: skip
+        return json_response(
+            {
+                "status": "ok" if ok else "degraded",
+                "database": db_ok,
+                "mqtt": svc.bus.connected.is_set(),
+            },
+            200 if ok else 503,
+        )
 
     @app.get("/metrics", tags=["Observability"], summary="Prometheus metrics of the fleet")
     async def metrics() -> Response:

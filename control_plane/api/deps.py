@@ -21,8 +21,14 @@ from control_plane.registry import ArtifactStore
 from control_plane.rollouts import RolloutEngine
 from control_plane.settings import ControlPlaneSettings
 
-STATUS = {"not_found": 404, "invalid_request": 400, "conflict": 409, "payload_too_large": 413,
-          "unauthorized": 401, "forbidden": 403}  # fmt: skip
+STATUS = {
+    "not_found": 404,
+    "invalid_request": 400,
+    "conflict": 409,
+    "payload_too_large": 413,
+    "unauthorized": 401,
+    "forbidden": 403,
+}
 
 
 @dataclass
@@ -61,7 +67,8 @@ def require(role: Role) -> Callable[[Request], Awaitable[Principal]]:
             raise Unauthorized("the token is unknown or revoked")
         if principal.role < role:
             raise Forbidden(
-                f"this needs the {role.name.lower()} role; the token is {principal.role.name.lower()}"
+                f"this needs the {role.name.lower()} role; "
+                f"the token is {principal.role.name.lower()}"
             )
         return principal
 

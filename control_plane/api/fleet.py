@@ -20,14 +20,21 @@ from control_plane.errors import Invalid, NotFound
 from control_plane.rollouts import RolloutSpec
 
 router = APIRouter(prefix="/api/v1", tags=["Fleet"])
+LABELS = Query(default=[], description="key=value; repeat for several")
 
 
 def device_doc(d: Device) -> dict[str, Any]:
     return {
-        "id": d.id, "hardware_profile": d.hardware_profile, "agent_version": d.agent_version,
-        "labels": d.labels, "reported_labels": d.reported_labels, "operator_labels": d.operator_labels,
-        "models": d.models, "online": d.online, "last_seen": d.last_seen.isoformat() if d.last_seen else None,
-    }  # fmt: skip
+        "id": d.id,
+        "hardware_profile": d.hardware_profile,
+        "agent_version": d.agent_version,
+        "labels": d.labels,
+        "reported_labels": d.reported_labels,
+        "operator_labels": d.operator_labels,
+        "models": d.models,
+        "online": d.online,
+        "last_seen": d.last_seen.isoformat() if d.last_seen else None,
+    }
 
 
 def _selector(pairs: list[str]) -> dict[str, str]:
@@ -44,16 +51,23 @@ def _selector(pairs: list[str]) -> dict[str, str]:
     "/devices", summary="Devices, filtered by labels (label=key=value), profile and presence"
 )
 async def list_devices(
-    label: list[str] = Query(default=[]), profile: str | None = None, online: bool | None = None,
-    s: AsyncSession = SESSION, _: Principal = VIEWER,
-) -> Response:  # fmt: skip
+    label: list[str] = LABELS,
+    profile: str | None = None,
+    online: bool | None = None,
+    s: AsyncSession = SESSION,
+    _: Principal = VIEWER,
+) -> Response:
     wanted = _selector(label)
     devices = (await s.execute(select(Device).order_by(Device.id))).scalars()
-    return json_response([
-        device_doc(d) for d in devices
-        if all(d.labels.get(k) == v for k, v in wanted.items())
-        and (profile is None or d.hardware_profile == profile) and (online is None or d.online == online)
-    ])  # fmt: skip
+    return json_response(
+        [
+            device_doc(d)
+            for d in devices
+            if all(d.labels.get(k) == v for k, v in wanted.items())
+            and (profile is None or d.hardware_profile == profile)
+            and (online is None or d.online == online)
+        ]
+    )
 
 
 @router.get("/devices/{device_id}", summary="One device")
@@ -97,14 +111,34 @@ def rollout_doc(r: Rollout) -> dict[str, Any]:
             states[d.state] = states.get(d.state, 0) + 1
         waves.append({"wave": i, "size": size, "devices": len(members), "states": states})
     return {
-        "id": r.id, "model": r.model, "version": r.version, "sequence": r.sequence, "state": r.state,
-        "reason": r.reason, "current_wave": r.current_wave, "waves": waves, "selector": r.selector,
-        "profiles": r.profiles, "bake_time_s": r.bake_time_s, "device_timeout_s": r.device_timeout_s,
-        "gates": r.gates, "gate_report": r.gate_report, "created_by": r.created_by,
-        "created_at": r.created_at.isoformat(), "updated_at": r.updated_at.isoformat(),
-        "devices": [{"device_id": d.device_id, "wave": d.wave, "state": d.state, "reason": d.reason,
-                     "previous_version": d.previous_version} for d in r.devices],
-    }  # fmt: skip
+        "id": r.id,
+        "model": r.model,
+        "version": r.version,
+        "sequence": r.sequence,
+        "state": r.state,
+        "reason": r.reason,
+        "current_wave": r.current_wave,
+        "waves": waves,
+        "selector": r.selector,
+        "profiles": r.profiles,
+        "bake_time_s": r.bake_time_s,
+        "device_timeout_s": r.device_timeout_s,
+        "gates": r.gates,
+        "gate_report": r.gate_report,
+        "created_by": r.created_by,
+        "created_at": r.created_at.isoformat(),
+        "updated_at": r.updated_at.isoformat(),
+        "devices": [
+            {
+                "device_id": d.device_id,
+                "wave": d.wave,
+                "state": d.state,
+                "reason": d.reason,
+                "previous_version": d.previous_version,
+            }
+            for d in r.devices
+        ],
+    }
 
 
 async def _rollout(s: AsyncSession, rollout_id: int) -> Rollout:
@@ -155,8 +189,12 @@ async def act_on_rollout(
     rollout_id: int, action: str, request: Request, who: Principal = OPERATOR
 ) -> Response:
     engine = services(request).engine
-    actions = {"pause": lambda: engine.pause(rollout_id), "resume": lambda: engine.resume(rollout_id),
-               "abort": lambda: engine.abort(rollout_id, who.name), "cancel": lambda: engine.cancel(rollout_id, who.name)}  # fmt: skip
+    actions = {
+        "pause": lambda: engine.pause(rollout_id),
+        "resume": lambda: engine.resume(rollout_id),
+        "abort": lambda: engine.abort(rollout_id, who.name),
+        "cancel": lambda: engine.cancel(rollout_id, who.name),
+    }
     if action not in actions:
         raise NotFound(f"no action {action!r}: pause, resume, abort or cancel")
     await actions[action]()
@@ -168,10 +206,15 @@ async def act_on_rollout(
 
 @router.get("/telemetry", summary="Telemetry windows, per device, model (version) or rollout")
 async def telemetry(
-    device_id: str | None = None, model: str | None = None, version: int | None = None,
-    rollout_id: int | None = None, since_s: float = 3600, limit: int = Query(default=1000, le=10000),
-    s: AsyncSession = SESSION, _: Principal = VIEWER,
-) -> Response:  # fmt: skip
+    device_id: str | None = None,
+    model: str | None = None,
+    version: int | None = None,
+    rollout_id: int | None = None,
+    since_s: float = 3600,
+    limit: int = Query(default=1000, le=10000),
+    s: AsyncSession = SESSION,
+    _: Principal = VIEWER,
+) -> Response:
     t = TelemetrySample
     query = select(t).where(t.time >= datetime.now(UTC) - timedelta(seconds=since_s))
     if device_id:
@@ -182,13 +225,32 @@ async def telemetry(
         query = query.where(t.version == version)
     if rollout_id is not None:
         r = await _rollout(s, rollout_id)
-        query = query.where(t.model == r.model, t.version == r.version,
-                            t.device_id.in_(select(RolloutDevice.device_id).where(RolloutDevice.rollout_id == rollout_id)))  # fmt: skip
+        query = query.where(
+            t.model == r.model,
+            t.version == r.version,
+            t.device_id.in_(
+                select(RolloutDevice.device_id).where(RolloutDevice.rollout_id == rollout_id)
+            ),
+        )
     rows = (await s.execute(query.order_by(t.time.desc()).limit(limit))).scalars()
-    return json_response([
-        {"device_id": r.device_id, "seq": r.seq, "time": r.time.isoformat(), "window_s": r.window_s,
-         "model": r.model, "version": r.version, "requests": r.requests, "errors": r.errors, "rows": r.rows,
-         "batches": r.batches, "p50_ms": r.p50_ms, "p95_ms": r.p95_ms, "p99_ms": r.p99_ms,
-         "queue_depth": r.queue_depth}
-        for r in rows
-    ])  # fmt: skip
+    return json_response(
+        [
+            {
+                "device_id": r.device_id,
+                "seq": r.seq,
+                "time": r.time.isoformat(),
+                "window_s": r.window_s,
+                "model": r.model,
+                "version": r.version,
+                "requests": r.requests,
+                "errors": r.errors,
+                "rows": r.rows,
+                "batches": r.batches,
+                "p50_ms": r.p50_ms,
+                "p95_ms": r.p95_ms,
+                "p99_ms": r.p99_ms,
+                "queue_depth": r.queue_depth,
+            }
+            for r in rows
+        ]
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -43,11 +44,18 @@ class StageChange(BaseModel):
 
 def version_doc(mv: ModelVersion) -> dict[str, Any]:
     return {
-        "model": mv.model.name, "version": mv.version, "stage": mv.stage, "config": mv.config,
-        "health": mv.health, "variants": mv.variants, "golden": mv.golden,
-        "validation_data": mv.validation_data, "validation": mv.validation,
-        "uploaded_by": mv.uploaded_by, "created_at": mv.created_at.isoformat(),
-    }  # fmt: skip
+        "model": mv.model.name,
+        "version": mv.version,
+        "stage": mv.stage,
+        "config": mv.config,
+        "health": mv.health,
+        "variants": mv.variants,
+        "golden": mv.golden,
+        "validation_data": mv.validation_data,
+        "validation": mv.validation,
+        "uploaded_by": mv.uploaded_by,
+        "created_at": mv.created_at.isoformat(),
+    }
 
 
 @router.get("/models", summary="Every model with its versions and stages")
@@ -55,12 +63,23 @@ async def list_models(s: AsyncSession = SESSION, _: Principal = VIEWER) -> Respo
     models = (
         await s.execute(select(Model).options(selectinload(Model.versions)).order_by(Model.name))
     ).scalars()
-    return json_response([
-        {"name": m.name, "description": m.description,
-         "versions": [{"version": v.version, "stage": v.stage,
-                       "validated": None if v.validation is None else v.validation["passed"]} for v in m.versions]}
-        for m in models
-    ])  # fmt: skip
+    return json_response(
+        [
+            {
+                "name": m.name,
+                "description": m.description,
+                "versions": [
+                    {
+                        "version": v.version,
+                        "stage": v.stage,
+                        "validated": None if v.validation is None else v.validation["passed"],
+                    }
+                    for v in m.versions
+                ],
+            }
+            for m in models
+        ]
+    )
 
 
 @router.get(
@@ -84,8 +103,15 @@ async def new_version(
 ) -> Response:
     if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise Invalid("name: use letters, digits, '.', '_' or '-'")
-    mv = await create_version(s, name, body.version, variants=[v.model_dump() for v in body.variants],
-                              config=body.config, health=body.health, user=who.name)  # fmt: skip
+    mv = await create_version(
+        s,
+        name,
+        body.version,
+        variants=[v.model_dump() for v in body.variants],
+        config=body.config,
+        health=body.health,
+        user=who.name,
+    )
     if body.description:
         (await get_model(s, name)).description = body.description
     audit.record(s, who.name, "version.create", f"{name}:{body.version}")
@@ -99,12 +125,19 @@ async def _stream(request: Request):  # type: ignore[no-untyped-def]
         yield chunk
 
 
-@router.put("/models/{name}/versions/{version}/variants/{index}/files/{filename}",
-            summary="Upload one file of a variant (streamed; signature read once the variant is whole)")  # fmt: skip
+@router.put(
+    "/models/{name}/versions/{version}/variants/{index}/files/{filename}",
+    summary="Upload one file of a variant (streamed; signature read once the variant is whole)",
+)
 async def upload_file(
-    name: str, version: int, index: int, filename: str, request: Request, s: AsyncSession = SESSION,
+    name: str,
+    version: int,
+    index: int,
+    filename: str,
+    request: Request,
+    s: AsyncSession = SESSION,
     who: Principal = OPERATOR,
-) -> Response:  # fmt: skip
+) -> Response:
     mv = await get_version(s, name, version)
     sha, size = await services(request).store.put(_stream(request))
     variant = await add_file(s, services(request).store, mv, index, filename, sha, size)
@@ -120,9 +153,13 @@ async def upload_file(
     summary="Upload golden.npz or the validation set (npz)",
 )
 async def upload_sample(
-    name: str, version: int, kind: Literal["golden", "validation-data"], request: Request,
-    s: AsyncSession = SESSION, who: Principal = OPERATOR,
-) -> Response:  # fmt: skip
+    name: str,
+    version: int,
+    kind: Literal["golden", "validation-data"],
+    request: Request,
+    s: AsyncSession = SESSION,
+    who: Principal = OPERATOR,
+) -> Response:
     mv = await get_version(s, name, version)
     sha, size = await services(request).store.put(_stream(request))
     await record_artifact(s, sha, size)
@@ -149,15 +186,32 @@ async def validate_version(
 ) -> Response:
     svc = services(request)
     mv = await get_version(s, name, version)
-    production = (await s.execute(select(ModelVersion).where(
-        ModelVersion.model_id == mv.model_id, ModelVersion.stage == "production",
-        ModelVersion.id != mv.id))).scalars().first()  # fmt: skip
+    production = (
+        (
+            await s.execute(
+                select(ModelVersion).where(
+                    ModelVersion.model_id == mv.model_id,
+                    ModelVersion.stage == "production",
+                    ModelVersion.id != mv.id,
+                )
+            )
+        )
+        .scalars()
+        .first()
+    )
     prod_accuracy = (production.validation or {}).get("accuracy") if production else None
     cfg = svc.settings
     report = await asyncio.to_thread(
-        validate, svc.store, mv.variants, mv.golden, mv.validation_data, prod_accuracy,
-        rtol=cfg.validation_rtol, atol=cfg.validation_atol, margin=cfg.accuracy_margin,
-    )  # fmt: skip
+        validate,
+        svc.store,
+        mv.variants,
+        mv.golden,
+        mv.validation_data,
+        prod_accuracy,
+        rtol=cfg.validation_rtol,
+        atol=cfg.validation_atol,
+        margin=cfg.accuracy_margin,
+    )
     mv.validation = report
     audit.record(s, who.name, "version.validate", f"{name}:{version}", passed=report["passed"])
     await s.commit()
@@ -175,8 +229,13 @@ async def set_stage(
     if body.stage == "production":
         if not (mv.validation or {}).get("passed"):
             raise Invalid("stage: only a version that passed validation can be production")
-        others = (await s.execute(select(ModelVersion).where(
-            ModelVersion.model_id == mv.model_id, ModelVersion.stage == "production"))).scalars()  # fmt: skip
+        others = (
+            await s.execute(
+                select(ModelVersion).where(
+                    ModelVersion.model_id == mv.model_id, ModelVersion.stage == "production"
+                )
+            )
+        ).scalars()
         for other in others:
             other.stage = "retired" if other.id != mv.id else other.stage
     mv.stage = body.stage
@@ -210,7 +269,7 @@ async def get_artifact(digest: str, request: Request, s: AsyncSession = SESSION)
             return Response(status_code=416, headers={"Content-Range": f"bytes */{size}"})
         status = 206
 
-    def chunks():  # type: ignore[no-untyped-def]
+    def chunks() -> Iterator[bytes]:
         with path.open("rb") as fh:
             fh.seek(start)
             remaining = end - start + 1

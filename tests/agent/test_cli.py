@@ -78,7 +78,12 @@ def test_models_example_writes_then_refuses_to_overwrite(tmp_path: Path) -> None
     assert again.returncode == 1 and "exists" in again.stderr
 
 
-def test_demo_places_and_self_tests_every_model(tmp_path: Path) -> None:
-    result = edgefleet("demo", "--workdir", str(tmp_path))
-    assert result.stdout.count("self-test passed") == 4, result.stdout
-    assert "== done" in result.stdout
+def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
+    """The README's main command: local self-tests, then a broker, the control plane and two
+    agents as processes; a staged rollout to two profiles; a bad version rolled back."""
+    result = edgefleet("demo", "--workdir", str(tmp_path / "demo"))
+    out = result.stdout
+    assert out.count("self-test passed") == 4, out
+    assert "edge-x86: v2 on onnxruntime_onnx" in out and "edge-pi: v2 on litert_tflite" in out
+    assert "rollout 2: rolled_back: error rate" in out
+    assert "serving now: edge-x86 v2, edge-pi v2" in out and out.rstrip().endswith("== done")

@@ -9,11 +9,11 @@ from pathlib import Path
 import httpx
 import tomli_w
 
+from runtimes.examples.variants import mlp_version
 from tests.agent.process import AgentProcess, agent_process
 from tests.agent.server import copy_models, wait_until
 from tests.fleet.artifacts import Fault
 from tests.fleet.conftest import AgentFactory, fleet_settings
-from tests.fleet.models import mlp_version
 from tests.fleet.publisher import Fleet
 from tests.fleet.test_updates import served
 from tests.mqtt_broker import Mosquitto

@@ -12,11 +12,11 @@ import pytest
 
 from agent.protocol.signing import SigningKey
 from runtimes.examples.reference import mlp_forward
+from runtimes.examples.variants import fragile_mlp_version, mlp_version
 from runtimes.examples.weights import mlp_layers
 from tests.agent.server import RunningAgent
 from tests.fleet.artifacts import Fault
 from tests.fleet.conftest import AgentFactory
-from tests.fleet.models import fragile_mlp_version, mlp_version
 from tests.fleet.publisher import Fleet
 
 X = np.random.default_rng(5).standard_normal((3, 256)).astype(np.float32)

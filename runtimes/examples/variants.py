@@ -1,4 +1,6 @@
-"""Model versions for update tests: real ONNX files built like the examples, with goldens."""
+"""More versions of the example MLP, for updates in tests and the demo: other weights, the same
+model as a .tflite file, and a "fragile" version that passes its self-test but fails on some
+live traffic (what a fleet's health gates must catch)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,165 @@
+"""Operating the control plane: the CLI against a real server, key rotation reaching real agents,
+labels, telemetry retention, fleet metrics, and migrations that match the models."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, func, select
+
+from control_plane.db.models import Base, TelemetryRollup, TelemetrySample
+from control_plane.db.session import make_engine, migrate, session_factory, sync_url
+from control_plane.ingest import insert_ignore
+from control_plane.maintenance import compact
+from control_plane.settings import ControlPlaneSettings
+from runtimes.examples.variants import mlp_version
+from tests.agent.server import wait_until
+from tests.control_plane.conftest import AgentFactory, ControlPlaneFactory
+from tests.control_plane.server import RunningControlPlane
+from tests.control_plane.test_rollouts import served, wait_devices, wait_rollout
+
+
+def edgefleet(cp: RunningControlPlane, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).parent / "edgefleet"
+    env = {**os.environ, "EDGEFLEET_URL": cp.url, "EDGEFLEET_TOKEN": token}
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_cli_push_validate_label_roll_out_and_rotate_keys(
+    start_control_plane: ControlPlaneFactory, start_agent: AgentFactory, tmp_path: Path
+) -> None:
+    v2, v3 = mlp_version(tmp_path / "v2", seed=2), mlp_version(tmp_path / "v3", seed=3)
+    config = tmp_path / "serving.toml"
+    config.write_text(
+        "[batching]\nmax_batch_size = 16\n[health]\nwindow_s = 0.2\nmin_requests = 100000\n"
+    )
+    with start_control_plane() as cp, start_agent("dev-a", cp) as a, start_agent("dev-b", cp) as b:
+        wait_devices(cp, "dev-a", "dev-b")
+        op = cp.token("operator", "ops")
+        pushed = edgefleet(cp, op, "models", "push", "mlp", "2", str(v2), "--config", str(config))
+        assert pushed.returncode == 0, pushed.stderr
+        assert "uploaded" in pushed.stdout and "golden.npz" in pushed.stdout
+        checked = edgefleet(cp, op, "models", "validate", "mlp", "2")
+        assert checked.returncode == 0 and checked.stdout.strip().endswith("passed"), checked.stdout
+        assert "mlp: v2 candidate (valid)" in edgefleet(cp, op, "models", "list").stdout
+        # operator labels decide who is targeted: only dev-b joins the canary group
+        assert edgefleet(cp, op, "devices", "label", "dev-b", "ring=canary").returncode == 0
+        listed = edgefleet(cp, op, "devices", "list", "--label", "ring=canary")
+        assert "dev-b" in listed.stdout and "dev-a" not in listed.stdout
+        created = edgefleet(cp, op, "rollouts", "create", "--model", "mlp", "--version", "2", "--selector",
+                            "ring=canary", "--waves", "100%", "--bake-time", "0.5")  # fmt: skip
+        assert created.returncode == 0, created.stderr
+        assert created.stdout.startswith("rollout 1: running, 1 devices in 1 waves")
+        watched = edgefleet(cp, op, "rollouts", "status", "1", "--watch")
+        assert "rollout 1: succeeded" in watched.stdout, watched.stdout
+        assert served(b) == "2" and served(a) == "1"
+        assert b.client.get("/v2/models/mlp/config").json()["batching"]["max_batch_size"] == 16
+        # rotate the manifest key: devices get trust root 2 and accept what the new key signs
+        viewer = cp.token("viewer")
+        assert edgefleet(cp, viewer, "keys", "rotate").returncode != 0  # an admin action
+        admin = (cp.state_dir / "admin-token").read_text().strip()
+        rotated = edgefleet(cp, admin, "keys", "rotate")
+        assert rotated.returncode == 0 and "signing with" in rotated.stdout
+        wait_until(lambda: b.state.fleet.trust.version == 2 and a.state.fleet.trust.version == 2,  # type: ignore[union-attr]
+                   what="trust root 2 on both devices")  # fmt: skip
+        assert (
+            edgefleet(
+                cp, op, "models", "push", "mlp", "3", str(v3), "--config", str(config)
+            ).returncode
+            == 0
+        )
+        assert edgefleet(cp, op, "models", "validate", "mlp", "3").returncode == 0
+        edgefleet(cp, op, "rollouts", "create", "--model", "mlp", "--version", "3", "--waves", "100%",
+                  "--bake-time", "0.5")  # fmt: skip
+        doc = wait_rollout(cp, 2, "succeeded")
+        assert doc["state"] == "succeeded" and served(a) == "3" and served(b) == "3"
+        old_key = next(k["key_id"] for k in cp.admin.get("/api/v1/keys").json()["trust_root"]["manifest_keys"]
+                       if k["key_id"] != rotated.stdout.split()[2].rstrip(";"))  # fmt: skip
+        revoked = edgefleet(cp, admin, "keys", "revoke", old_key)
+        assert revoked.returncode == 0 and old_key in revoked.stdout
+        wait_until(lambda: old_key in a.state.fleet.trust.revoked, what="the revocation")  # type: ignore[union-attr]
+        audit = {e["action"] for e in cp.admin.get("/api/v1/audit").json()}
+        assert {"device.labels", "keys.rotate", "keys.revoke", "rollout.create"} <= audit
+
+
+def test_telemetry_is_downsampled_and_expires(db_url: str, tmp_path: Path) -> None:
+    migrate(db_url)
+    settings = ControlPlaneSettings(db_url=db_url, telemetry_raw_retention_s=3600, telemetry_rollup_s=60,
+                                    telemetry_rollup_retention_s=86400)  # fmt: skip
+    now = datetime(2026, 12, 1, 12, 0, 30, tzinfo=UTC)
+
+    async def scenario() -> tuple[int, list[tuple[int, int, float | None]], int]:
+        engine = make_engine(db_url)
+        sessions = session_factory(engine)
+        rows = []
+        for i, age in enumerate(
+            (7200, 7190, 7180, 10, 200000)
+        ):  # three old, one fresh, one ancient
+            rows.append({"device_id": "d", "seq": i + 1, "time": now - timedelta(seconds=age), "window_s": 10,
+                         "model": "m", "version": 1, "requests": 10, "errors": i, "rows": 10, "batches": 1,
+                         "p50_ms": 1.0, "p95_ms": 2.0, "p99_ms": 3.0 + i, "queue_depth": 0})  # fmt: skip
+        async with sessions.begin() as s:
+            await insert_ignore(s, TelemetrySample.__table__, rows)
+        folded = await compact(sessions, settings, now=now)
+        async with sessions() as s:
+            rollups = (await s.execute(select(TelemetryRollup.requests, TelemetryRollup.errors,
+                                              TelemetryRollup.p99_ms_max))).all()  # fmt: skip
+            raw = (await s.execute(select(func.count()).select_from(TelemetrySample))).scalar_one()
+        await engine.dispose()
+        return folded, [tuple(r) for r in rollups], raw
+
+    folded, rollups, raw = asyncio.run(scenario())
+    assert folded == 4 and raw == 1  # the fresh window stays raw
+    # the three old windows share one minute; the ancient one's rollup is past retention
+    assert rollups == [(30, 3, 5.0)]
+
+
+def test_fleet_metrics(start_control_plane: ControlPlaneFactory, start_agent: AgentFactory) -> None:
+    with start_control_plane() as cp, start_agent("dev-a", cp) as a:
+        wait_devices(cp, "dev-a")
+        for _ in range(5):
+            served(a)
+        text = ""
+
+        def counted() -> bool:
+            nonlocal text
+            text = cp.admin.get("/metrics").text
+            return 'edgefleet_fleet_requests_total{model="mlp",version="1"} 5.0' in text
+
+        wait_until(counted, what="the requests in the fleet metrics")
+        assert (
+            "edgefleet_devices_online 1.0" in text and "edgefleet_telemetry_messages_total" in text
+        )
+        health = cp.admin.get("/health").json()
+        assert health == {"status": "ok", "database": True, "mqtt": True}
+
+
+def test_migrations_match_the_models(db_url: str) -> None:
+    migrate(db_url)
+    migrate(db_url)  # idempotent
+    engine = create_engine(sync_url(db_url))
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    engine.dispose()
+    assert diff == [], "models changed without a migration: alembic revision --autogenerate"
+
+
+def test_grafana_dashboard_queries_exported_series() -> None:
+    import json
+    import re
+
+    from control_plane.metrics import FleetMetrics
+
+    dashboard = json.loads((Path(__file__).parents[2] / "docs/grafana-dashboard.json").read_text())
+    exported = FleetMetrics().render().decode()
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            for name in re.findall(r"edgefleet_[a-z_]+", target["expr"]):
+                assert f"# TYPE {name.removesuffix('_total')}" in exported or name in exported, name
