@@ -41,6 +41,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _port_open(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+
+
+def _ready(url: str) -> bool:
+    return httpx.get(f"{url}/v2/health/ready").status_code == 200
+
+
 def _wait(what: str, check: Callable[[], Any], timeout_s: float = 120) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -113,10 +122,7 @@ def run_demo(workdir: Path, echo: Echo, mqtt_url: str | None = None) -> int:
                 _process([mosquitto, "-c", str(workdir / "mosquitto.conf")], logs / "mosquitto.log")
             )
             mqtt_url = f"mqtt://127.0.0.1:{port}"
-            _wait(
-                "the broker",
-                lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() or True,
-            )
+            _wait("the broker", lambda: _port_open(port))
         cp_port = _free_port()
         cp_state = workdir / "control-plane"
         cp_config = workdir / "control-plane.toml"
@@ -170,10 +176,7 @@ def run_demo(workdir: Path, echo: Echo, mqtt_url: str | None = None) -> int:
             )
             agents[device_id] = f"http://127.0.0.1:{port}"
         for device_id, url in agents.items():
-            _wait(
-                f"agent {device_id}",
-                lambda url=url: httpx.get(f"{url}/v2/health/ready").status_code == 200,
-            )
+            _wait(f"agent {device_id}", lambda: _ready(url))
         _wait(
             "both devices in the inventory",
             lambda: (
