@@ -8,6 +8,7 @@ rolled back automatically by the health gate.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -176,7 +177,7 @@ def run_demo(workdir: Path, echo: Echo, mqtt_url: str | None = None) -> int:
             )
             agents[device_id] = f"http://127.0.0.1:{port}"
         for device_id, url in agents.items():
-            _wait(f"agent {device_id}", lambda: _ready(url))
+            _wait(f"agent {device_id}", functools.partial(_ready, url))
         _wait(
             "both devices in the inventory",
             lambda: (
