@@ -9,6 +9,9 @@ model files, devices) pass through unchanged and are mapped the same way::
     +-- ModelNotReadyError          model_not_ready      known, but loading, failed or unloading
     +-- RequestError                invalid_request      a malformed request body or parameter
     +-- PayloadTooLargeError        payload_too_large    body over max_request_bytes
+    +-- RequestTimeoutError         request_timeout      body not in within body_timeout_s
+    +-- UnauthorizedError           unauthorized         missing or unknown API key
+    +-- RateLimitedError            rate_limited         over the client's rate; retry_after_s
     +-- OverloadedError             overloaded           queue full; carries retry_after_s
     +-- DeadlineExceededError       deadline_exceeded    timed out in the queue, never run
     +-- ShuttingDownError           shutting_down        no new work during shutdown
@@ -44,6 +47,22 @@ class RequestError(AgentError):
 
 class PayloadTooLargeError(AgentError):
     code = "payload_too_large"
+
+
+class RequestTimeoutError(AgentError):
+    code = "request_timeout"
+
+
+class UnauthorizedError(AgentError):
+    code = "unauthorized"
+
+
+class RateLimitedError(AgentError):
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class OverloadedError(AgentError):

@@ -16,6 +16,7 @@ import uvicorn
 
 from agent.accelerators import AcceleratorProbe
 from agent.api.app import create_app
+from agent.api.http_protocol import HttpLimits, protocol_class
 from agent.api.state import ApiState
 from agent.fleet.client import FleetClient
 from agent.inference.manager import ModelManager
@@ -24,6 +25,7 @@ from agent.inference.versions import RuntimeFactory
 from agent.logs import configure_logging
 from agent.metrics import AgentMetrics
 from agent.settings import AgentSettings
+from agent.systemd import SystemdNotifier
 from runtimes.backends import open_model
 from runtimes.hardware.context import HardwareContext
 
@@ -86,6 +88,20 @@ def bind_socket(settings: AgentSettings) -> socket.socket:
 
 
 class GracefulServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, notifier: SystemdNotifier | None = None) -> None:
+        super().__init__(config)
+        self.notifier = notifier
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.notifier is not None:
+            self.notifier.tick()  # READY=1 and the watchdog, from the serving loop itself
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.notifier is not None:
+            self.notifier.stopping()
+        await super().shutdown(sockets)
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         """Handle SIGINT/SIGTERM as uvicorn does, without raising the signal again afterwards:
@@ -108,7 +124,13 @@ def server_config(settings: AgentSettings, state: ApiState) -> uvicorn.Config:
     return uvicorn.Config(
         create_app(state),
         loop="uvloop",
-        http="httptools",
+        http=protocol_class(
+            HttpLimits(
+                max_header_bytes=settings.max_header_bytes,
+                header_timeout_s=settings.header_timeout_s,
+                max_connections=settings.max_connections,
+            )
+        ),
         lifespan="on",
         log_config=None,
         access_log=False,
@@ -126,7 +148,9 @@ def run(settings: AgentSettings) -> None:
     log.info(
         "agent listening", extra={"address": where, "repository": str(settings.model_repository)}
     )
-    server = GracefulServer(server_config(settings, state))
+    # systemd's variables are its protocol, not settings: read (and unset) here, once
+    notifier = SystemdNotifier.from_environment(os.environ, state)
+    server = GracefulServer(server_config(settings, state), notifier)
     try:
         server.run(sockets=[sock])
     finally:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -58,7 +58,31 @@ class AgentSettings(BaseSettings):
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     """On SIGTERM, how long in-flight requests may take to finish."""
     keep_alive_s: float = Field(default=5.0, gt=0)
-    """Idle keep-alive time of a client connection."""
+    """Idle keep-alive time of a client connection (also: a new connection that sends nothing)."""
+    max_header_bytes: int = Field(default=64 * 2**10, gt=0)
+    """Largest request line plus headers; 431 beyond."""
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """Time a client has to send a whole request head once it started it; 408 beyond."""
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    """Time a client has to send a whole request body after its head; 408 beyond."""
+    max_connections: int = Field(default=1024, gt=0)
+    """Open client connections; requests on connections beyond get 503 and are closed."""
+    max_concurrent_requests: int = Field(default=256, gt=0)
+    """Requests in flight at once (health probes aside); more get an immediate 503."""
+
+    api_key: SecretStr | None = None
+    """Require this key (``Authorization: Bearer`` or ``X-API-Key``) on every endpoint but
+    ``api_key_open_paths``. Never logged."""
+    api_keys_file: Path | None = None
+    """File of accepted keys, one per line as ``<client name>:<key>`` or ``<key>``; ``#``
+    comments (a bare key must not contain a colon). Read at start-up; adds to ``api_key``."""
+    api_key_open_paths: tuple[str, ...] = ("/v2/health/live", "/v2/health/ready")
+    """Paths served without a key, for probes."""
+    rate_limit_per_s: float | None = Field(default=None, gt=0)
+    """Requests per second per client (per API key, or per address without keys); 429 with
+    Retry-After beyond. Off when unset."""
+    rate_limit_burst: int = Field(default=20, gt=0)
+    """Requests a client may send at once before the rate applies (the bucket's size)."""
 
     strict_readiness: bool = True
     """Ready only when every model of the repository serves (Triton's default)."""

@@ -11,6 +11,8 @@ from fastapi import FastAPI
 
 from agent import __version__
 from agent.api import repository, tfserving, v2
+from agent.api.access import ApiKeys, RateLimiter
+from agent.api.admission import Admission
 from agent.api.context import RequestContext
 from agent.api.errors import HANDLED, handle_error
 from agent.api.state import ApiState
@@ -63,5 +65,19 @@ def create_app(state: ApiState) -> FastAPI:
     for cls in HANDLED:
         app.add_exception_handler(cls, handle_error)
     app.add_exception_handler(Exception, handle_error)
-    app.add_middleware(RequestContext, access_log=state.settings.access_log)
+    settings = state.settings
+    app.add_middleware(
+        Admission,
+        keys=ApiKeys.from_settings(settings.api_key, settings.api_keys_file),
+        limiter=(
+            RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+            if settings.rate_limit_per_s is not None
+            else None
+        ),
+        open_paths=settings.api_key_open_paths,
+        max_concurrent_requests=settings.max_concurrent_requests,
+        body_timeout_s=settings.body_timeout_s,
+    )
+    # added last, so outermost: the access log sees what admission turned away too
+    app.add_middleware(RequestContext, access_log=settings.access_log)
     return app

@@ -23,6 +23,9 @@ STATUS: tuple[tuple[type[Exception], int], ...] = (
     (agent_errors.ModelNotFoundError, 404),
     (agent_errors.RequestError, 400),
     (agent_errors.PayloadTooLargeError, 413),
+    (agent_errors.RequestTimeoutError, 408),
+    (agent_errors.UnauthorizedError, 401),
+    (agent_errors.RateLimitedError, 429),
     (agent_errors.OverloadedError, 503),
     (agent_errors.ShuttingDownError, 503),
     (agent_errors.ModelNotReadyError, 503),
@@ -52,10 +55,16 @@ def error_response(exc: Exception, headers: dict[str, str] | None = None) -> Res
     code = getattr(exc, "code", "internal")
     message = str(exc) if status != 500 or code != "internal" else "internal error"
     headers = dict(headers or {})
-    if isinstance(exc, agent_errors.OverloadedError):
-        headers["Retry-After"] = str(exc.retry_after_s)
+    retry_after = getattr(exc, "retry_after_s", None)
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
     elif status == 503:
         headers.setdefault("Retry-After", "1")
+    if status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="edgefleet"'
+    elif status == 408:
+        # the client is still sending its body: end the connection rather than parse the rest
+        headers["Connection"] = "close"
     body = orjson.dumps({"error": message, "code": code})
     return Response(body, status_code=status, headers=headers, media_type="application/json")
 

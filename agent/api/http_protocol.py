@@ -1,0 +1,132 @@
+"""uvicorn's httptools protocol with the limits it lacks: header bytes, a deadline for the
+request head, an idle limit on new connections, and a cap on open connections.
+
+These act before any ASGI code runs, where a slow or hostile client would otherwise hold memory
+or a connection for free: uvicorn buffers headers without bound under httptools (its
+``h11_max_incomplete_event_size`` applies to h11 only), arms its keep-alive timer only after a
+first response, and ``limit_concurrency`` counts connections *and* tasks together, so one surge
+turns away the requests of connections already being served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import ClassVar
+
+import orjson
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    max_header_bytes: int
+    header_timeout_s: float
+    max_connections: int
+
+
+class _Answered(Exception):
+    """Raised in a parser callback to stop parsing once a refusal has been written."""
+
+
+class BoundedHttpProtocol(HttpToolsProtocol):
+    limits: ClassVar[HttpLimits]
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._answered = False
+        self._head_bytes = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+        # The connection is refused at its first request, with a proper HTTP answer.
+        self._over_limit = len(self.connections) > self.limits.max_connections
+        # uvicorn arms the idle timer only after a response: a connection that never sends
+        # anything would otherwise stay open for ever.
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_late)
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)  # ": " and CRLF
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._cancel_head_timer()
+        if self._over_limit:
+            self._answer(
+                503,
+                "overloaded",
+                f"too many open connections (max_connections={self.limits.max_connections})",
+                retry_after_s=1,
+            )
+        super().on_headers_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._answered:  # a refusal of ours stopped the parser: it already answered
+            super().send_400_response(msg)
+
+    def _count(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > self.limits.max_header_bytes:
+            self._answer(
+                431,
+                "headers_too_large",
+                "the request line and headers are over "
+                f"max_header_bytes={self.limits.max_header_bytes}",
+            )
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            try:
+                self._answer(
+                    408,
+                    "request_timeout",
+                    "the request head did not arrive within "
+                    f"header_timeout_s={self.limits.header_timeout_s:g}",
+                )
+            except _Answered:
+                pass
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _answer(self, status: int, code: str, message: str, retry_after_s: int = 0) -> None:
+        body = orjson.dumps({"error": message, "code": code})
+        head = [
+            STATUS_LINE[status],
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n",
+        ]
+        if retry_after_s:
+            head.append(b"retry-after: %d\r\n" % retry_after_s)
+        self._answered = True
+        self.transport.write(b"".join([*head, b"\r\n", body]))
+        self.transport.close()
+        raise _Answered()
+
+
+def protocol_class(limits: HttpLimits) -> type[BoundedHttpProtocol]:
+    """The protocol class uvicorn instantiates, bound to ``limits``."""
+
+    class Bound(BoundedHttpProtocol):
+        pass
+
+    Bound.limits = limits
+    return Bound
