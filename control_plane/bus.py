@@ -5,7 +5,6 @@ a broker restart delays them rather than losing them."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import random
@@ -24,7 +23,6 @@ from control_plane.ingest import Ingestor
 from control_plane.settings import ControlPlaneSettings
 
 log = logging.getLogger("edgefleet.control_plane.mqtt")
-MAX_PAYLOAD_BYTES = 1 << 20
 
 
 class FleetBus:
@@ -102,13 +100,13 @@ class FleetBus:
 
         url = urlsplit(s.mqtt_url)
         tls = url.scheme == "mqtts"
-        context = (
-            ssl.create_default_context(
+        context = None
+        if tls:
+            context = ssl.create_default_context(
                 cafile=str(s.mqtt_tls_ca_file) if s.mqtt_tls_ca_file else None
             )
-            if tls
-            else None
-        )
+            if s.mqtt_tls_cert_file and s.mqtt_tls_key_file:  # mutual TLS
+                context.load_cert_chain(str(s.mqtt_tls_cert_file), str(s.mqtt_tls_key_file))
         properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         properties.SessionExpiryInterval = s.mqtt_session_expiry_s
         return aiomqtt.Client(
@@ -149,20 +147,29 @@ class FleetBus:
             raise
 
     async def _receive(self, client: aiomqtt.Client) -> None:
+        limit = self.settings.mqtt_max_message_bytes
+        ingestor = self.ingestor
         async for message in client.messages:
             parsed = self.topics.parse(message.topic.value)
             payload = message.payload if isinstance(message.payload, bytes) else b""
             if parsed is None:
-                self.ingestor.metrics.rejected("unknown", "wrong_topic")
-                continue
-            if len(payload) > MAX_PAYLOAD_BYTES:
-                self.ingestor.metrics.rejected(parsed[1], "oversize")
+                ingestor.reject(
+                    "unknown", "wrong_topic", message.topic.value[:200], "no device topic"
+                )
                 continue
             device_id, leaf = parsed
-            with contextlib.suppress(UnicodeDecodeError):
+            if len(payload) > limit:
+                ingestor.reject(leaf, "oversize", device_id, f"{len(payload)} bytes exceed {limit}")
+                continue
+            try:
                 if leaf == "status":
-                    await self.ingestor.status(device_id, payload)
+                    await ingestor.status(device_id, payload)
                 elif leaf == "telemetry":
-                    await self.ingestor.telemetry(device_id, payload)
+                    await ingestor.telemetry(device_id, payload)
                 elif leaf == "events":
-                    await self.ingestor.event(device_id, payload)
+                    await ingestor.event(device_id, payload)
+            except Exception:
+                # The last line of defence: one message that trips a bug (or a database
+                # refusal of one presence update) must not stop ingest for the whole fleet.
+                log.exception("device message not handled", extra={"device_id": device_id})
+                ingestor.metrics.rejected(leaf, "internal_error")

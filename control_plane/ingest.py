@@ -8,25 +8,33 @@ rare and written as it comes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
-from pydantic import ValidationError
-from sqlalchemy import update
+from pydantic import BaseModel, ValidationError
+from sqlalchemy import BigInteger, Integer, String, Table, bindparam, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agent.protocol.messages import DeviceStatus, Telemetry, UpdateEvent
 from control_plane.db.models import Device, DeviceSample, TelemetrySample, UpdateEventRecord
+from control_plane.db.session import database_unavailable
 from control_plane.metrics import FleetMetrics
 
 log = logging.getLogger("edgefleet.control_plane.ingest")
 
 EventListener = Callable[[list[UpdateEvent]], Awaitable[None]]
+RETRY_MIN_S = 0.1
+RETRY_MAX_S = 5.0
+"""Backoff between writes while the database is unreachable."""
+M = TypeVar("M", bound=BaseModel)
 
 
 async def insert_ignore(session: AsyncSession, table: Any, rows: list[dict[str, Any]]) -> None:
@@ -58,67 +66,93 @@ class Ingestor:
 
     # -- entry points (called by the MQTT adapter) ----------------------------------------
 
+    def reject(self, topic: str, code: str, device_id: str, reason: str) -> None:
+        """Count and log a device message that is not acted on."""
+        self.metrics.rejected(topic, code)
+        log.warning(
+            "device message rejected",
+            extra={"topic": topic, "code": code, "device_id": device_id, "reason": reason},
+        )
+
+    def _parse(self, leaf: str, kind: type[M], device_id: str, payload: bytes) -> M | None:
+        try:
+            message = kind.model_validate_json(payload)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "message"
+            code = "unsupported_schema" if where == "schema_version" else "malformed"
+            self.reject(leaf, code, device_id, f"{where}: {first['msg']}")
+            return None
+        claimed = getattr(message, "device_id", device_id)
+        if claimed != device_id:
+            self.reject(leaf, "wrong_device", device_id, f"{leaf} for device {claimed!r}")
+            return None
+        return message
+
+    def _fits(self, leaf: str, device_id: str, table: Any, rows: list[dict[str, Any]]) -> bool:
+        why = unstorable(table, rows)
+        if why:
+            self.reject(leaf, "out_of_range", device_id, why)
+        return why is None
+
     async def status(self, device_id: str, payload: bytes) -> None:
         if not payload:
             return  # a cleared retained status
-        try:
-            status = DeviceStatus.model_validate_json(payload)
-        except ValidationError as exc:
-            self.metrics.rejected("status", "malformed")
-            log.warning(
-                "status rejected",
-                extra={"device_id": device_id, "reason": str(exc.errors()[0]["msg"])},
-            )
+        status = self._parse("status", DeviceStatus, device_id, payload)
+        if status is None:
             return
-        if status.device_id != device_id:
-            self.metrics.rejected("status", "wrong_device")
-            log.warning(
-                "status for another device",
-                extra={"device_id": device_id, "claimed": status.device_id},
-            )
+        if status.online and not self._fits(
+            "status",
+            device_id,
+            Device.__table__,
+            [{"hardware_profile": status.hardware_profile, "agent_version": status.agent_version}],
+        ):
             return
         now = datetime.now(UTC)
-        async with self.sessions.begin() as session:
-            device = await session.get(Device, device_id)
-            if device is None:
-                device = Device(
-                    id=device_id, operator_labels={}, desired={}, reported_labels={}, models=[]
-                )
-                session.add(device)
-            was_online = device.online
-            device.online = status.online
-            device.last_seen = now
-            if status.online:  # the last will carries no details: keep what the birth said
-                device.hardware_profile = status.hardware_profile
-                device.agent_version = status.agent_version
-                device.reported_labels = dict(status.labels)
-                device.models = [m.model_dump() for m in status.models]
+        was_online = False
+
+        async def store() -> None:
+            nonlocal was_online
+            async with self.sessions.begin() as session:
+                device = await session.get(Device, device_id)
+                if device is None:
+                    device = Device(
+                        id=device_id, operator_labels={}, desired={}, reported_labels={}, models=[]
+                    )
+                    session.add(device)
+                was_online = device.online
+                device.online = status.online
+                device.last_seen = now
+                if status.online:  # the last will carries no details: keep what the birth said
+                    device.hardware_profile = status.hardware_profile
+                    device.agent_version = status.agent_version
+                    device.reported_labels = dict(status.labels)
+                    device.models = [m.model_dump() for m in status.models]
+
+        await self._retrying("status", store)
         self.metrics.set_online(device_id, status.online)
         if status.online and not was_online:
             for callback in self.on_device_online:
                 await callback(device_id)
 
     async def telemetry(self, device_id: str, payload: bytes) -> None:
-        try:
-            message = Telemetry.model_validate_json(payload)
-        except ValidationError:
-            self.metrics.rejected("telemetry", "malformed")
+        message = self._parse("telemetry", Telemetry, device_id, payload)
+        if message is None:
             return
-        if message.device_id != device_id:
-            self.metrics.rejected("telemetry", "wrong_device")
-            return
-        await self._queue.put(("telemetry", message))
+        device_row, sample_rows = telemetry_rows(message)
+        # Checked here, one message at a time: a value the database refuses would otherwise
+        # fail the whole batch, and with it other devices' telemetry.
+        if self._fits("telemetry", device_id, DeviceSample.__table__, [device_row]) and self._fits(
+            "telemetry", device_id, TelemetrySample.__table__, sample_rows
+        ):
+            await self._queue.put(("telemetry", message))
 
     async def event(self, device_id: str, payload: bytes) -> None:
-        try:
-            event = UpdateEvent.model_validate_json(payload)
-        except ValidationError:
-            self.metrics.rejected("events", "malformed")
-            return
-        if event.device_id != device_id:
-            self.metrics.rejected("events", "wrong_device")
-            return
-        await self._queue.put(("event", event))
+        event = self._parse("events", UpdateEvent, device_id, payload)
+        if event is not None and self._fits(
+            "events", device_id, UpdateEventRecord.__table__, [event_row(event)]
+        ):
+            await self._queue.put(("event", event))
 
     # -- the batch writer ------------------------------------------------------------------
 
@@ -135,12 +169,16 @@ class Ingestor:
                 except TimeoutError:
                     break
             try:
-                await self._write(batch)
+                # while the database is away the batch waits here, and what follows it waits
+                # in the queue and then in the broker: held, not dropped
+                await self._retrying("telemetry batch", functools.partial(self._write, batch))
             except Exception:
-                # a batch that cannot be written must not stop ingest (a restarted database,
-                # a constraint): count it, log it, keep going
+                # a batch the database refuses (not one it cannot take now) must not stop
+                # ingest: count it, log it, keep going
                 self.metrics.rejected("ingest", "write_failed")
                 log.exception("telemetry batch not stored", extra={"messages": len(batch)})
+                continue
+            await self._notify([m for kind, m in batch if kind == "event"])
 
     async def drain(self) -> None:
         """Write whatever is queued now (tests and shutdown)."""
@@ -149,6 +187,39 @@ class Ingestor:
             batch.append(self._queue.get_nowait())
         if batch:
             await self._write(batch)
+            await self._notify([m for kind, m in batch if kind == "event"])
+
+    async def _retrying(self, what: str, write: Callable[[], Awaitable[None]]) -> None:
+        """Run ``write`` until it succeeds while the database is unreachable (a restart, a
+        failover); raise any other database error."""
+        delay, failures = RETRY_MIN_S, 0
+        while True:
+            try:
+                await write()
+            except DBAPIError as exc:
+                if not database_unavailable(exc):
+                    raise
+                failures += 1
+                if failures == 1:
+                    log.warning(
+                        "database unavailable, holding device messages",
+                        extra={"what": what, "error": str(exc.orig).strip()[:300]},
+                    )
+                await asyncio.sleep(delay)
+                delay = min(RETRY_MAX_S, delay * 2)
+                continue
+            if failures:
+                log.info("database back", extra={"what": what, "failed_attempts": failures})
+            return
+
+    async def _notify(self, events: list[UpdateEvent]) -> None:
+        if not events:
+            return
+        for listener in self.listeners:
+            try:
+                await self._retrying("update events", functools.partial(listener, events))
+            except Exception:
+                log.exception("update events not acted on", extra={"events": len(events)})
 
     async def _write(self, batch: list[tuple[str, Any]]) -> None:
         samples: list[dict[str, Any]] = []
@@ -161,65 +232,95 @@ class Ingestor:
                 continue
             t: Telemetry = message
             seen[t.device_id] = max(seen.get(t.device_id, t.time), t.time)
-            devices.append(
-                {
-                    "device_id": t.device_id,
-                    "seq": t.seq,
-                    "time": t.time,
-                    "cpu_percent": t.device.cpu_percent,
-                    "memory_used_bytes": t.device.memory_used_bytes,
-                    "temperature_c": t.device.temperature_c,
-                    "dropped": t.dropped,
-                }
-            )
-            for m in t.models:
-                samples.append(
-                    {
-                        "device_id": t.device_id,
-                        "seq": t.seq,
-                        "time": t.time,
-                        "window_s": t.window_s,
-                        "model": m.model,
-                        "version": m.version,
-                        "requests": m.requests,
-                        "errors": m.errors,
-                        "rows": m.rows,
-                        "batches": m.batches,
-                        "p50_ms": m.p50_ms,
-                        "p95_ms": m.p95_ms,
-                        "p99_ms": m.p99_ms,
-                        "queue_depth": m.queue_depth,
-                    }
-                )
+            device_row, sample_rows = telemetry_rows(t)
+            devices.append(device_row)
+            samples.extend(sample_rows)
         async with self.sessions.begin() as session:
             await insert_ignore(session, DeviceSample.__table__, devices)
             await insert_ignore(session, TelemetrySample.__table__, samples)
             await insert_ignore(
-                session,
-                UpdateEventRecord.__table__,
-                [
-                    {
-                        "event_id": e.event_id,
-                        "device_id": e.device_id,
-                        "time": e.time,
-                        "model": e.model,
-                        "version": e.version,
-                        "sequence": e.sequence,
-                        "rollout_id": e.rollout_id,
-                        "state": e.state.value,
-                        "code": e.code,
-                        "reason": e.reason,
-                    }
-                    for e in events
-                ],
+                session, UpdateEventRecord.__table__, [event_row(e) for e in events]
             )
             if seen:
-                await session.execute(  # an ORM bulk UPDATE by primary key
-                    update(Device),
-                    [{"id": d, "last_seen": w} for d, w in seen.items()],
+                # A Core executemany, not an ORM bulk UPDATE by primary key: that one fails the
+                # whole batch (StaleDataError) when one sender is not in the inventory yet.
+                devices_table = cast(Table, Device.__table__)
+                await session.execute(
+                    update(devices_table)
+                    .where(devices_table.c.id == bindparam("device"))
+                    .values(last_seen=bindparam("seen")),
+                    [{"device": d, "seen": w} for d, w in seen.items()],
                 )
         self.stored += len(batch)
         self.metrics.ingested(samples, len(devices), len(events))
-        if events:
-            for listener in self.listeners:
-                await listener(events)
+
+
+def telemetry_rows(t: Telemetry) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The device_telemetry row and the telemetry rows (one per model) of a message."""
+    device = {
+        "device_id": t.device_id,
+        "seq": t.seq,
+        "time": t.time,
+        "cpu_percent": t.device.cpu_percent,
+        "memory_used_bytes": t.device.memory_used_bytes,
+        "temperature_c": t.device.temperature_c,
+        "dropped": t.dropped,
+    }
+    samples = [
+        {
+            "device_id": t.device_id,
+            "seq": t.seq,
+            "time": t.time,
+            "window_s": t.window_s,
+            "model": m.model,
+            "version": m.version,
+            "requests": m.requests,
+            "errors": m.errors,
+            "rows": m.rows,
+            "batches": m.batches,
+            "p50_ms": m.p50_ms,
+            "p95_ms": m.p95_ms,
+            "p99_ms": m.p99_ms,
+            "queue_depth": m.queue_depth,
+        }
+        for m in t.models
+    ]
+    return device, samples
+
+
+def event_row(e: UpdateEvent) -> dict[str, Any]:
+    return {
+        "event_id": e.event_id,
+        "device_id": e.device_id,
+        "time": e.time,
+        "model": e.model,
+        "version": e.version,
+        "sequence": e.sequence,
+        "rollout_id": e.rollout_id,
+        "state": e.state.value,
+        "code": e.code,
+        "reason": e.reason,
+    }
+
+
+INT_BOUNDS = {Integer: 2**31, BigInteger: 2**63}
+
+
+def unstorable(table: Any, rows: list[dict[str, Any]]) -> str | None:
+    """Why the database would refuse one of these rows (an integer beyond its column, a string
+    longer than its column, a NaN or infinity where SQLite stores NULL), else None."""
+    for row in rows:
+        for name, value in row.items():
+            column_type = table.c[name].type
+            if value is None:
+                continue
+            if isinstance(value, int) and not isinstance(value, bool):
+                bound = INT_BOUNDS.get(type(column_type))
+                if bound is not None and not -bound <= value < bound:
+                    return f"{name}: {value} does not fit a {type(column_type).__name__} column"
+            elif isinstance(value, float) and not math.isfinite(value):
+                return f"{name}: {value} is not a finite number"
+            elif isinstance(value, str) and isinstance(column_type, String):
+                if column_type.length is not None and len(value) > column_type.length:
+                    return f"{name}: {len(value)} characters, at most {column_type.length}"
+    return None

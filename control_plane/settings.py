@@ -33,6 +33,12 @@ class ControlPlaneSettings(BaseSettings):
     mqtt_password: SecretStr | None = None
     """Never logged."""
     mqtt_tls_ca_file: Path | None = None
+    mqtt_tls_cert_file: Path | None = None
+    """Client certificate for a broker that requires mutual TLS (see ``edgefleet fleet``)."""
+    mqtt_tls_key_file: Path | None = None
+    """Private key of ``mqtt_tls_cert_file``; never logged."""
+    mqtt_max_message_bytes: int = Field(default=2**20, gt=0)
+    """Larger device messages (status, telemetry, events) are refused unread."""
     mqtt_client_id: str = Field(
         default_factory=lambda: f"edgefleet-control-plane-{socket.gethostname()}"[:64]
     )

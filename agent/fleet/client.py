@@ -49,7 +49,6 @@ from runtimes.formats import ModelFormat
 from runtimes.hardware.context import HardwareContext
 
 log = logging.getLogger("edgefleet.agent.fleet")
-MAX_PAYLOAD_BYTES = 1 << 20
 SESSION_EXPIRY_S = 24 * 3600
 """Broker-side session kept for an offline device, so QoS 1 commands wait for it."""
 REMEMBERED_COMMANDS = 200
@@ -310,10 +309,11 @@ class FleetClient:
             leaf = topic.rsplit("/", 1)[-1]
             if not payload:
                 continue  # a cleared retained message
+            limit = self.settings.max_message_bytes
             try:
-                if len(payload) > MAX_PAYLOAD_BYTES:
+                if len(payload) > limit:
                     raise ProtocolError(
-                        Rejection.MALFORMED, f"{len(payload)} bytes exceed {MAX_PAYLOAD_BYTES}"
+                        Rejection.OVERSIZE, f"{len(payload)} bytes exceed max_message_bytes {limit}"
                     )
                 if topic == self.topics.desired(self.device_id):
                     self._on_desired(payload)
@@ -327,6 +327,11 @@ class FleetClient:
                     )
             except ProtocolError as exc:
                 self._rejected(leaf, exc)
+            except Exception:
+                # The last line of defence: a message that trips a bug is dropped, counted and
+                # logged with its traceback; the session and the updater keep running.
+                log.exception("message handling failed", extra={"topic": leaf})
+                self.metrics.fleet_rejected.labels(leaf, "internal_error").inc()
 
     def _rejected(self, leaf: str, exc: ProtocolError, *, report: bool = True) -> None:
         log.warning(
@@ -424,6 +429,6 @@ class FleetClient:
 def _schema_version(payload: bytes) -> object:
     try:
         doc = json.loads(payload)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return None
     return doc.get("schema_version") if isinstance(doc, dict) else None

@@ -28,6 +28,8 @@ class FleetSettings(BaseModel):
     """Client certificate for mutual TLS."""
     tls_key_file: Path | None = None
     mqtt_protocol: Literal["5", "3.1.1"] = "5"
+    max_message_bytes: int = Field(default=2**20, gt=0)
+    """Larger MQTT messages (desired state, command, trust root) are refused unread."""
     keepalive_s: int = Field(default=30, ge=5)
     labels: dict[str, str] = Field(default_factory=dict)
     """Reported in the birth message; rollouts select on them (site, group...)."""

@@ -137,6 +137,8 @@ def parse_envelope(raw: bytes | str | dict[str, Any]) -> Envelope:
         doc = json.loads(raw) if isinstance(raw, bytes | str) else raw
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProtocolError(Rejection.MALFORMED, f"not JSON: {exc}") from None
+    except RecursionError:  # deeply nested arrays or objects: json recurses per level
+        raise ProtocolError(Rejection.MALFORMED, "not JSON: nested too deeply") from None
     if isinstance(doc, dict) and doc.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
         raise ProtocolError(
             Rejection.UNSUPPORTED_SCHEMA,
