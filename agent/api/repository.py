@@ -21,7 +21,7 @@ def _state(request: Request) -> ApiState:
 
 
 async def _json_object(request: Request) -> dict[str, object]:
-    body = await read_body(request, _SMALL_BODY)
+    body = await read_body(request, _SMALL_BODY, "the repository API's body limit")
     if not body.strip():
         return {}
     try:

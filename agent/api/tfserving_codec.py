@@ -158,7 +158,9 @@ def _array(values: Any, spec: TensorSpec, where: str, limit: int) -> np.ndarray:
             where, f"cannot be read as {spec.datatype} (ragged or wrong type): {exc}"
         ) from None
     if array.size > limit:
-        raise _fail(where, f"{array.size} elements exceed the limit of {limit}")
+        raise _fail(
+            where, f"{array.size} elements exceed the limit of {limit} (max_tensor_elements)"
+        )
     return array
 
 

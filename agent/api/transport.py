@@ -16,21 +16,24 @@ from agent.errors import PayloadTooLargeError, RequestError
 T = TypeVar("T")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused as soon as it passes ``limit`` bytes (also once inflated)."""
+async def read_body(request: Request, limit: int, setting: str = "max_request_bytes") -> bytes:
+    """The request body, refused as soon as it passes ``limit`` bytes (also once inflated);
+    ``setting`` names the limit in the error."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(f"body of {declared} bytes is over the limit of {limit} bytes")
+        raise PayloadTooLargeError(
+            f"body of {declared} bytes is over the limit of {limit} bytes ({setting})"
+        )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLargeError(f"body is over the limit of {limit} bytes")
+            raise PayloadTooLargeError(f"body is over the limit of {limit} bytes ({setting})")
         chunks.append(chunk)
     body = b"".join(chunks)
     encoding = request.headers.get("content-encoding", "identity").lower()
     if encoding in ("gzip", "deflate"):
-        body = _inflate(body, encoding, limit)
+        body = _inflate(body, encoding, limit, setting)
     elif encoding != "identity":
         raise RequestError(
             f"Content-Encoding {encoding!r} is not supported (gzip, deflate)",
@@ -39,7 +42,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     return body
 
 
-def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
+def _inflate(body: bytes, encoding: str, limit: int, setting: str) -> bytes:
     # max_length bounds the output, so a small compressed bomb cannot exhaust memory
     inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
     try:
@@ -49,7 +52,7 @@ def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
             f"body is not valid {encoding} data: {exc}", field="Content-Encoding"
         ) from None
     if len(out) > limit or inflater.unconsumed_tail:
-        raise PayloadTooLargeError(f"inflated body is over the limit of {limit} bytes")
+        raise PayloadTooLargeError(f"inflated body is over the limit of {limit} bytes ({setting})")
     return out
 
 

@@ -126,7 +126,10 @@ def _decode_input(
         raise _fail(f"{where}.datatype", "BF16 tensors are not supported by this server")
     count = math.prod(shape)
     if count > max_elements:
-        raise _fail(f"{where}.shape", f"{count} elements exceed the limit of {max_elements}")
+        raise _fail(
+            f"{where}.shape",
+            f"{count} elements exceed the limit of {max_elements} (max_tensor_elements)",
+        )
     params = _parameters(item.get("parameters"), f"{where}.parameters")
     size = params.get("binary_data_size")
     if size is not None:
@@ -237,7 +240,10 @@ def _decode_raw(body: bytes, signature: ModelSignature | None, max_elements: int
             dims[variable[0]] = len(body) // known
         shape = dims
     if math.prod(shape) > max_elements:
-        raise _fail("body", f"{math.prod(shape)} elements exceed the limit of {max_elements}")
+        raise _fail(
+            "body",
+            f"{math.prod(shape)} elements exceed the limit of {max_elements} (max_tensor_elements)",
+        )
     array = _from_binary(memoryview(body), spec.datatype, shape, "body")
     return DecodedRequest(None, {spec.name: array}, None, {"binary_data_output": True})
 

@@ -70,7 +70,7 @@ class InferenceService:
             if rows is not None and rows > self.max_rows_per_request:
                 raise RequestError(
                     f"inputs: {rows} rows exceed the limit of {self.max_rows_per_request} "
-                    "per request",
+                    "per request (max_rows_per_request)",
                     field="inputs",
                 )
             wanted = self._check_outputs(lv, request.outputs)
