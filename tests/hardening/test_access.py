@@ -1,0 +1,147 @@
+"""The agent's optional API key and per-client rate limit, on a real server."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent.api.access import ApiKeys
+from agent.settings import AgentSettings
+from tests.agent.server import RunningAgent, copy_models, serve
+
+KEY = "k3y-for-the-app-7d1f0c"
+OTHER = "other-client-key-b2e9"
+
+
+@pytest.fixture(scope="module")
+def agent(example_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
+    root = tmp_path_factory.mktemp("keys")
+    keys_file = root / "api-keys"
+    keys_file.write_text(f"# one per line\nbilling:{OTHER}\n")
+    repo = copy_models(example_repo, root / "repo", "mlp")
+    with serve(repo, api_key=KEY, api_keys_file=keys_file) as running:
+        yield running
+
+
+def get(agent: RunningAgent, path: str, **headers: str) -> httpx.Response:
+    with httpx.Client(base_url=agent.url, timeout=30) as client:
+        return client.get(path, headers=headers)
+
+
+@pytest.mark.parametrize("path", ["/v2", "/v2/models/mlp", "/v1/models/mlp", "/metrics"])
+def test_without_a_key_every_endpoint_is_401(agent: RunningAgent, path: str) -> None:
+    resp = get(agent, path)
+    assert resp.status_code == 401
+    assert resp.headers["www-authenticate"].startswith("Bearer")
+    assert resp.json() == {
+        "error": "an API key is required: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
+        "code": "unauthorized",
+    }
+
+
+def test_inference_without_a_key_is_401_before_the_body_is_read(agent: RunningAgent) -> None:
+    resp = agent.client.post("/v2/models/mlp/infer", content=b"not even JSON")
+    assert resp.status_code == 401
+
+
+def test_a_wrong_key_is_401(agent: RunningAgent) -> None:
+    for headers in (
+        {"X-API-Key": KEY + "x"},
+        {"Authorization": f"Bearer {KEY[:-1]}"},
+        {"Authorization": f"Basic {KEY}"},
+    ):
+        resp = get(agent, "/v2", **headers)
+        assert resp.status_code == 401, headers
+    assert get(agent, "/v2", **{"X-API-Key": KEY + "x"}).json()["error"] == (
+        "the API key is not valid"
+    )
+
+
+def test_either_header_and_either_key_is_accepted(agent: RunningAgent) -> None:
+    assert get(agent, "/v2", **{"X-API-Key": KEY}).status_code == 200
+    assert get(agent, "/v2", Authorization=f"Bearer {KEY}").status_code == 200
+    assert get(agent, "/v2", Authorization=f"bearer {OTHER}").status_code == 200
+    with httpx.Client(base_url=agent.url, headers={"X-API-Key": OTHER}) as client:
+        resp = client.post(
+            "/v2/models/mlp/infer",
+            json={
+                "inputs": [
+                    {"name": "input", "shape": [1, 256], "datatype": "FP32", "data": [0.0] * 256}
+                ]
+            },
+        )
+    assert resp.status_code == 200, resp.text
+
+
+def test_probes_stay_open(agent: RunningAgent) -> None:
+    assert get(agent, "/v2/health/live").status_code == 200
+    assert get(agent, "/v2/health/ready").status_code == 200
+
+
+def test_open_paths_are_a_setting(example_repo: Path, tmp_path: Path) -> None:
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    with serve(repo, api_key=KEY, api_key_open_paths=("/metrics",)) as agent:
+        assert get(agent, "/metrics").status_code == 200
+        assert get(agent, "/v2/health/live").status_code == 401
+
+
+def test_the_key_is_never_logged(
+    example_repo: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    with serve(repo, api_key=KEY) as agent:
+        get(agent, "/v2", **{"X-API-Key": KEY})
+        get(agent, "/v2", **{"X-API-Key": "wrong"})
+        settings = agent.state.settings
+    assert caplog.records, "the agent logged nothing: the scan below would prove nothing"
+    for record in caplog.records:
+        assert KEY not in record.getMessage() and KEY not in str(record.__dict__)
+    assert KEY not in repr(settings) and KEY not in settings.model_dump_json()
+
+
+def test_bad_keys_files_are_refused_with_the_reason(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.write_text("# nothing\n\n")
+    blank_key = tmp_path / "blank"
+    blank_key.write_text("billing:\n")
+    for path, reason in (
+        (empty, "holds no key"),
+        (blank_key, "line 1: the key is empty"),
+        (tmp_path / "absent", "No such file"),
+    ):
+        settings = AgentSettings(api_keys_file=path)
+        with pytest.raises(ValueError, match=reason):
+            ApiKeys.from_settings(settings.api_key, settings.api_keys_file)
+    assert ApiKeys.from_settings(None, None) is None
+
+
+def test_rate_limit_per_key_is_429_with_retry_after(example_repo: Path, tmp_path: Path) -> None:
+    keys_file = tmp_path / "api-keys"
+    keys_file.write_text(f"a:{KEY}\nb:{OTHER}\n")
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    # 0.01/s: no token comes back during the test, so the count is exact whatever the timing
+    with serve(repo, api_keys_file=keys_file, rate_limit_per_s=0.01, rate_limit_burst=5) as agent:
+        statuses = [get(agent, "/v2", **{"X-API-Key": KEY}).status_code for _ in range(8)]
+        assert statuses == [200] * 5 + [429] * 3
+        refused = get(agent, "/v2", **{"X-API-Key": KEY})
+        assert refused.json() == {
+            "error": "client a is over rate_limit_per_s=0.01 (burst 5)",
+            "code": "rate_limited",
+        }
+        assert 1 <= int(refused.headers["retry-after"]) <= 100
+        # another key has its own bucket; probes have none
+        assert get(agent, "/v2", **{"X-API-Key": OTHER}).status_code == 200
+        assert get(agent, "/v2/health/live").status_code == 200
+
+
+def test_rate_limit_without_keys_is_per_address(example_repo: Path, tmp_path: Path) -> None:
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    with serve(repo, rate_limit_per_s=0.01, rate_limit_burst=2) as agent:
+        statuses = [get(agent, "/v2").status_code for _ in range(3)]
+        assert statuses == [200, 200, 429]
+        assert "client 127.0.0.1 is over" in get(agent, "/v2").json()["error"]
