@@ -264,19 +264,26 @@ class RolloutEngine:
             if device.desired:
                 self._publish_desired(device)
         while True:
-            async with self.sessions() as session:
-                ids = (
-                    (await session.execute(select(Rollout.id).where(Rollout.state.in_(ACTIVE))))
-                    .scalars()
-                    .all()
-                )
-            for rollout_id in ids:
-                try:
-                    await self.step(rollout_id)
-                except Exception:
-                    log.exception("rollout step failed", extra={"rollout": rollout_id})
-            await self._count_states()
+            try:
+                await self._tick()
+            except Exception:
+                # the database restarting must not end the loop: the next tick tries again
+                log.exception("rollout tick failed")
             await asyncio.sleep(self.tick_s)  # timers: bake times and device timeouts
+
+    async def _tick(self) -> None:
+        async with self.sessions() as session:
+            ids = (
+                (await session.execute(select(Rollout.id).where(Rollout.state.in_(ACTIVE))))
+                .scalars()
+                .all()
+            )
+        for rollout_id in ids:
+            try:
+                await self.step(rollout_id)
+            except Exception:
+                log.exception("rollout step failed", extra={"rollout": rollout_id})
+        await self._count_states()
 
     async def _count_states(self) -> None:
         async with self.sessions() as session:

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from starlette.responses import Response
 
 from agent import __version__
@@ -60,6 +61,7 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
     app.include_router(admin.router)
     app.add_exception_handler(ControlPlaneError, handle_error)
     app.add_exception_handler(RequestValidationError, handle_error)
+    app.add_exception_handler(DBAPIError, handle_error)  # 503 while the database is away
 
     @app.get("/health", tags=["Observability"], summary="Database and broker reachability")
     async def health(request: Request) -> Response:

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import orjson
 from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from starlette.responses import Response
 
 from control_plane.auth import Principal, Role, authenticate
 from control_plane.bus import FleetBus
+from control_plane.db.session import database_unavailable
 from control_plane.errors import ControlPlaneError, Forbidden, Unauthorized
 from control_plane.ingest import Ingestor
 from control_plane.keys import KeyRing
@@ -20,6 +23,8 @@ from control_plane.metrics import FleetMetrics
 from control_plane.registry import ArtifactStore
 from control_plane.rollouts import RolloutEngine
 from control_plane.settings import ControlPlaneSettings
+
+log = logging.getLogger("edgefleet.control_plane.api")
 
 STATUS = {
     "not_found": 404,
@@ -91,6 +96,17 @@ async def handle_error(request: Request, exc: Exception) -> Response:
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         body = orjson.dumps({"error": exc.message, "code": exc.code})
         return Response(body, status_code=status, media_type="application/json", headers=headers)
+    if isinstance(exc, DBAPIError) and database_unavailable(exc):
+        log.warning(
+            "database unavailable",
+            extra={"path": request.url.path, "error": str(exc.orig).strip()[:300]},
+        )
+        body = orjson.dumps(
+            {"error": "the database is unavailable; retry shortly", "code": "database_unavailable"}
+        )
+        return Response(
+            body, status_code=503, media_type="application/json", headers={"Retry-After": "1"}
+        )
     if isinstance(exc, RequestValidationError):
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"] if p != "body")

@@ -8,6 +8,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -74,3 +75,9 @@ def make_engine(url: str) -> AsyncEngine:
 
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def database_unavailable(exc: DBAPIError) -> bool:
+    """The database cannot be reached or cannot take the statement now (restarting, failing
+    over, locked), as opposed to refusing it: worth retrying, and a 503 for an API client."""
+    return isinstance(exc, (OperationalError, InterfaceError)) or exc.connection_invalidated
