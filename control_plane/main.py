@@ -62,6 +62,10 @@ def run(settings: ControlPlaneSettings) -> None:
     configure_logging(settings.log_level)
     services, trust = build(settings)
     app = create_app(services, trust)
+    if settings.kubernetes.enabled:
+        from control_plane.k8s.lifespan import attach  # the kubernetes client only then
+
+        attach(app, services, settings.kubernetes)
     config = uvicorn.Config(
         app,
         host=settings.host,

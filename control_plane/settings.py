@@ -15,6 +15,7 @@ from pydantic_settings import (
 )
 
 from agent.settings import settings_from
+from control_plane.k8s.settings import KubernetesSettings
 
 
 class ControlPlaneSettings(BaseSettings):
@@ -77,6 +78,8 @@ class ControlPlaneSettings(BaseSettings):
     accuracy_margin: float = Field(default=0.01, ge=0)
     """A version's accuracy may be at most this much below the production version's."""
     log_level: str = "INFO"
+    kubernetes: KubernetesSettings = KubernetesSettings()
+    """ModelRollout objects and the agent DaemonSet, when run in a cluster (docs/kubernetes.md)."""
 
     @classmethod
     def settings_customise_sources(

@@ -1,0 +1,218 @@
+"""Runs ModelRollout objects as rollouts and writes their progress into ``.status``.
+
+Level-triggered: list every object and reconcile it, then follow a watch until the server ends
+it (``resync_s``), then list again. Reconciling an object:
+
+- no rollout yet: adopt the one this object already created (the status write may have been
+  lost), else create it; a spec the engine refuses becomes phase Failed with the reason;
+- ``spec.paused`` / ``spec.abort``: pause, resume or abort (abort rolls back);
+- write the rollout's state as ``.status`` when it changed.
+
+Active rollouts are also written every ``status_interval_s``: the engine moves them on device
+events and timers that the API server knows nothing of.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import selectinload
+
+from control_plane.db.models import Rollout
+from control_plane.errors import Conflict, ControlPlaneError
+from control_plane.k8s.api import KubeApi, Obj
+from control_plane.k8s.resource import (
+    FINAL,
+    conditions,
+    rollout_conditions,
+    rollout_spec,
+    rollout_status,
+)
+from control_plane.k8s.settings import KubernetesSettings
+from control_plane.rollouts import RolloutEngine
+
+log = logging.getLogger("edgefleet.control_plane.k8s")
+
+REASONS = {"invalid_request": "InvalidSpec", "not_found": "NotFound", "conflict": "Refused"}
+
+
+def owner(obj: Obj) -> str:
+    """Who created a rollout (its ``created_by``): the object, down to its uid, so a new
+    object of the same name never adopts an old rollout."""
+    meta = obj["metadata"]
+    return f"modelrollout:{meta['namespace']}/{meta['name']}"[:110] + f"@{meta['uid'][:8]}"
+
+
+class ModelRolloutController:
+    def __init__(
+        self,
+        api: KubeApi,
+        engine: RolloutEngine,
+        sessions: async_sessionmaker[AsyncSession],
+        namespace: str,
+        settings: KubernetesSettings,
+    ) -> None:
+        self.api = api
+        self.engine = engine
+        self.sessions = sessions
+        self.namespace = namespace
+        self.settings = settings
+        self.objects: dict[str, Obj] = {}
+        """The latest version of every ModelRollout seen, by name."""
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._follow(), name="k8s-modelrollouts")
+            tasks.create_task(self._write_progress(), name="k8s-modelrollout-status")
+
+    async def _follow(self) -> None:
+        delay = 0.5
+        while True:
+            try:
+                items, version = await self.api.list_rollouts(self.namespace)
+                self.objects = {o["metadata"]["name"]: o for o in items}
+                for obj in items:
+                    await self._reconcile_logged(obj)
+                delay = 0.5
+                async for kind, obj in self.api.watch_rollouts(
+                    self.namespace, version, self.settings.resync_s
+                ):
+                    name = obj["metadata"]["name"]
+                    if kind == "DELETED":
+                        self.objects.pop(name, None)
+                    elif kind in ("ADDED", "MODIFIED"):
+                        self.objects[name] = obj
+                        await self._reconcile_logged(obj)
+            except Exception:
+                log.exception("watching ModelRollouts failed; retrying", extra={"in_s": delay})
+                await asyncio.sleep(delay)  # back off while the API server is away
+                delay = min(delay * 2, self.settings.retry_max_s)
+
+    async def _write_progress(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.status_interval_s)
+            for obj in list(self.objects.values()):
+                status = obj.get("status") or {}
+                if status.get("rolloutId") is None or status.get("phase") in FINAL:
+                    continue
+                try:
+                    await self.sync_status(obj, int(status["rolloutId"]))
+                except Exception:
+                    log.exception("writing ModelRollout status failed", extra={"name": _name(obj)})
+
+    async def _reconcile_logged(self, obj: Obj) -> None:
+        try:
+            await self.reconcile(obj)
+        except Exception:  # one bad object must not stop the others
+            log.exception("reconciling a ModelRollout failed", extra={"name": _name(obj)})
+
+    async def reconcile(self, obj: Obj) -> None:
+        status = obj.get("status") or {}
+        generation = int(obj["metadata"].get("generation", 1))
+        spec = obj.get("spec") or {}
+        rollout_id = status.get("rolloutId")
+        if rollout_id is None:
+            if status.get("phase") == "Failed" and status.get("observedGeneration") == generation:
+                return  # already reported
+            rollout_id = await self._adopt(obj) or await self._create(obj)
+            if rollout_id is None:
+                return
+        rollout_id = int(rollout_id)
+        await self._act(obj, rollout_id, spec)
+        await self.sync_status(obj, rollout_id)
+
+    async def _adopt(self, obj: Obj) -> int | None:
+        async with self.sessions() as session:
+            found = (
+                await session.execute(
+                    select(Rollout.id)
+                    .where(Rollout.created_by == owner(obj))
+                    .order_by(Rollout.id.desc())
+                    .limit(1)
+                )
+            ).scalar_one_or_none()
+        return found
+
+    async def _create(self, obj: Obj) -> int | None:
+        generation = int(obj["metadata"].get("generation", 1))
+        try:
+            if (obj.get("spec") or {}).get("abort"):
+                raise Conflict("spec.abort: the rollout was aborted before it started")
+            rollout_id = await self.engine.create(rollout_spec(obj), owner(obj))
+        except ControlPlaneError as exc:
+            reason = REASONS.get(exc.code, "Refused")
+            log.warning("ModelRollout refused", extra={"name": _name(obj), "reason": exc.message})
+            previous = (obj.get("status") or {}).get("conditions") or []
+            await self._patch(
+                obj,
+                {
+                    "observedGeneration": generation,
+                    "phase": "Failed",
+                    "message": exc.message,
+                    "conditions": conditions(
+                        previous, [("Accepted", False, reason, exc.message)], generation, _now()
+                    ),
+                },
+            )
+            return None
+        log.info("ModelRollout started", extra={"name": _name(obj), "rollout": rollout_id})
+        return rollout_id
+
+    async def _act(self, obj: Obj, rollout_id: int, spec: Obj) -> None:
+        async with self.sessions() as session:
+            rollout = await session.get(Rollout, rollout_id)
+        if rollout is None:
+            return
+        try:
+            if spec.get("abort") and rollout.state in ("running", "paused"):
+                await self.engine.abort(rollout_id, owner(obj))
+            elif spec.get("paused") and rollout.state == "running":
+                await self.engine.pause(rollout_id)
+            elif not spec.get("paused") and rollout.state == "paused":
+                await self.engine.resume(rollout_id)
+        except Conflict:
+            pass  # the rollout moved on meanwhile (finished, or rolled back by a gate)
+
+    async def sync_status(self, obj: Obj, rollout_id: int) -> None:
+        """Write the rollout's state into the object's ``.status`` if it differs."""
+        async with self.sessions() as session:
+            rollout = (
+                await session.execute(
+                    select(Rollout)
+                    .where(Rollout.id == rollout_id)
+                    .options(selectinload(Rollout.devices))
+                )
+            ).scalar_one_or_none()
+        if rollout is None:
+            return
+        generation = int(obj["metadata"].get("generation", 1))
+        current = obj.get("status") or {}
+        status = rollout_status(rollout, generation)
+        status["conditions"] = conditions(
+            current.get("conditions") or [],
+            rollout_conditions(status, rollout),
+            generation,
+            _now(),
+        )
+        if "rollback" not in status and "rollback" in current:
+            status["rollback"] = None  # (merge patch: null removes it)
+        if any(current.get(k) != v for k, v in status.items()):
+            await self._patch(obj, status)
+
+    async def _patch(self, obj: Obj, status: Obj) -> None:
+        name = obj["metadata"]["name"]
+        updated = await self.api.patch_rollout_status(self.namespace, name, status)
+        if name in self.objects:
+            self.objects[name] = updated
+
+
+def _name(obj: Obj) -> str:
+    return str(obj.get("metadata", {}).get("name", "?"))
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
