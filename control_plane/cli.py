@@ -13,6 +13,8 @@ from typing import Any
 import click
 import httpx
 
+from control_plane.provisioning.cli import register_fleet
+
 TERMINAL = ("succeeded", "rolled_back", "cancelled")
 
 
@@ -111,6 +113,7 @@ def register_control_plane(root: click.Group) -> None:
         click.echo(asyncio.run(make()))
 
     del control_plane, token
+    register_fleet(root)  # local to the control plane's state directory, like `token`
 
 
 def register_operator_commands(root: click.Group) -> None:

@@ -16,7 +16,6 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.reasoncodes import ReasonCode
 
 NOT_AUTHORIZED = 0x87
-BAD_CREDENTIALS = 0x86
 
 
 class ProbeClient:
