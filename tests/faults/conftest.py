@@ -3,6 +3,7 @@ use to count telemetry end to end."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,3 +47,15 @@ def stored_seqs(db_url: str, device_id: str) -> set[int]:
             return {int(r[0]) for r in rows}
     finally:
         engine.dispose()
+
+
+def missing_telemetry(
+    db_url: str, device_id: str, produced: int, timeout_s: float = 60
+) -> set[int]:
+    """The sequence numbers 1..produced not stored, once all are or ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+    while missing := set(range(1, produced + 1)) - stored_seqs(db_url, device_id):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)  # a database poll: the count only grows
+    return missing

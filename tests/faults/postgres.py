@@ -62,15 +62,37 @@ class PostgresServer:
         return f"postgresql+psycopg://{self.user}@127.0.0.1:{self.port}/{database}"
 
     def init(self) -> PostgresServer:
-        self._run(str(BIN / "initdb"), "-D", str(self.data), "--auth=trust", "-U", self.user,
-                  "--no-sync", "-E", "UTF8")  # fmt: skip
+        self._run(
+            str(BIN / "initdb"),
+            "-D",
+            str(self.data),
+            "--auth=trust",
+            "-U",
+            self.user,
+            "--no-sync",
+            "-E",
+            "UTF8",
+        )
         return self
 
     def start(self) -> None:
-        options = (f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.workdir} "
-                   "-c fsync=off -c max_connections=100")  # fmt: skip
-        self._run(str(BIN / "pg_ctl"), "-D", str(self.data), "-o", options,
-                  "-l", str(self.workdir / "server.log"), "-w", "-t", "60", "start")  # fmt: skip
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.workdir} "
+            "-c fsync=off -c max_connections=100"
+        )
+        self._run(
+            str(BIN / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self.workdir / "server.log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
         wait_until(self.accepting, timeout_s=60, what="PostgreSQL to accept connections")
         self.starts += 1
 
