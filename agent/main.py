@@ -18,7 +18,6 @@ from agent.accelerators import AcceleratorProbe
 from agent.api.app import create_app
 from agent.api.http_protocol import HttpLimits, protocol_class
 from agent.api.state import ApiState
-from agent.fleet.client import FleetClient
 from agent.inference.manager import ModelManager
 from agent.inference.service import InferenceService
 from agent.inference.versions import RuntimeFactory
@@ -59,6 +58,9 @@ def build_state(
     )
     fleet = None
     if settings.fleet.enabled:
+        # imported here: a local-only agent never loads MQTT and signature code
+        from agent.fleet.client import FleetClient
+
         fleet = FleetClient(settings.fleet, manager, hardware, accelerators, metrics)
     return ApiState(service, manager, metrics, settings, fleet)
 

@@ -3,15 +3,26 @@
 This is the second seam of placement: on a device it asks the libraries themselves; tests of
 hardware that cannot run here (an NPU, a GPU, an EdgeTPU) build a :class:`RuntimeInventory`
 by hand.
+
+Probing must not cost the agent memory it will not use: OpenVINO is only imported to ask for
+its devices when an Intel GPU or NPU device node exists (without one its only device is CPU),
+and LiteRT is found rather than imported. Each library is imported for real when a model is
+placed on it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import glob
+import importlib.util
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
+
+# OpenVINO's GPU plugin needs a DRM render node and its NPU plugin an accel node.
+OPENVINO_DEVICE_NODES = ("dev/dri/renderD*", "dev/accel/accel*")
 
 
 @dataclass(frozen=True)
@@ -37,12 +48,15 @@ class RuntimeInventory:
         return self.runtimes.get(name) or RuntimeInfo(name, None, missing_reason="unknown runtime")
 
 
-def probe_runtimes(delegates: Iterable[str] = ()) -> RuntimeInventory:
-    """Ask each installed library what it can do; ``delegates`` are LiteRT libraries to try."""
+def probe_runtimes(delegates: Iterable[str] = (), root: Path | None = None) -> RuntimeInventory:
+    """Ask each installed library what it can do; ``delegates`` are LiteRT libraries to try.
+
+    With ``root`` (the hardware root), OpenVINO is asked only if that machine has a device
+    node its GPU or NPU plugin could use."""
     return RuntimeInventory(
         runtimes={
             "onnxruntime": _probe_onnxruntime(),
-            "openvino": _probe_openvino(),
+            "openvino": _probe_openvino(root),
             "litert": _probe_litert(),
         },
         delegate_libraries=frozenset(d for d in set(delegates) if _library_loads(d)),
@@ -59,7 +73,13 @@ def _probe_onnxruntime() -> RuntimeInfo:
     )
 
 
-def _probe_openvino() -> RuntimeInfo:
+def _probe_openvino(root: Path | None) -> RuntimeInfo:
+    if importlib.util.find_spec("openvino") is None:
+        return RuntimeInfo("openvino", None, missing_reason="not installed")
+    if root is not None and not any(
+        glob.glob(str(root / pattern)) for pattern in OPENVINO_DEVICE_NODES
+    ):
+        return RuntimeInfo("openvino", _version("openvino"), frozenset({"CPU"}))
     try:
         import openvino
     except ImportError as exc:
@@ -68,20 +88,24 @@ def _probe_openvino() -> RuntimeInfo:
     return RuntimeInfo("openvino", version, frozenset(openvino.Core().available_devices))
 
 
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def _probe_litert() -> RuntimeInfo:
     for dist, module in (
         ("ai-edge-litert", "ai_edge_litert"),
         ("tflite-runtime", "tflite_runtime"),
     ):
         try:
-            __import__(f"{module}.interpreter")
+            found = importlib.util.find_spec(f"{module}.interpreter") is not None
         except ImportError:
-            continue
-        try:
-            version = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            version = "unknown"
-        return RuntimeInfo("litert", f"{version} ({dist})", frozenset({"CPU"}))
+            found = False
+        if found:
+            return RuntimeInfo("litert", f"{_version(dist)} ({dist})", frozenset({"CPU"}))
     return RuntimeInfo(
         "litert", None, missing_reason="neither ai-edge-litert nor tflite-runtime installed"
     )

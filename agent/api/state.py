@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from agent.fleet.client import FleetClient
 from agent.inference.manager import ModelManager
 from agent.inference.service import InferenceService
 from agent.metrics import AgentMetrics
 from agent.settings import AgentSettings
+
+if TYPE_CHECKING:  # the fleet client (MQTT, signatures) is imported only when it is enabled
+    from agent.fleet.client import FleetClient
 
 
 @dataclass

@@ -48,7 +48,7 @@ class HardwareContext:
                 for c in cs
                 if c.delegate
             }
-            inventory = probe_runtimes(delegates)
+            inventory = probe_runtimes(delegates, root=facts.root)
         if profile == "auto":
             detection: Detection = detect_profile(profiles, facts)
             return cls(detection.profile, facts, inventory, detection.matches)
