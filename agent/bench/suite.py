@@ -1,0 +1,274 @@
+"""The serving comparison: every system, model, body kind and concurrency, side by side in one run.
+
+For each model all systems are started once and kept running; each repetition then walks the
+matrix of (concurrency, system, body) cells in an order rotated by the repetition, so no system
+is always measured first or last, and measures raw ONNX Runtime in this process at its best batch
+size between them. Medians of the repetitions are reported, and every comparison is a ratio of
+figures measured in the same run::
+
+    python -m agent.bench.suite --models mlp cnn --concurrency 1 8 32 128 --duration 5 \\
+        --repeat 3 --json bench-serving.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.bench.bodies import Bodies, make_bodies
+from agent.bench.serving import BATCH_SIZES, raw_throughput
+from agent.bench.systems import Running, agent, fastapi_endpoint, mlserver
+from runtimes.examples import write_example_repository
+from runtimes.formats import find_model_file
+
+BODY_KINDS = {
+    "agent": ("json", "binary"),
+    "agent-nobatch": ("json", "binary"),
+    "fastapi": ("json",),
+    "mlserver": ("json",),
+}
+
+
+@dataclass
+class Cell:
+    model: str
+    system: str
+    body: str
+    concurrency: int
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+    def median(self, key: str) -> float | None:
+        values = [r[key] for r in self.runs if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+
+def run_load(
+    url: str, body: bytes, headers: list[str], concurrency: int, duration_s: float
+) -> dict[str, Any]:
+    """One closed-loop load in a separate process (agent.bench.loadgen)."""
+    with tempfile.NamedTemporaryFile(suffix=".bin") as f:
+        f.write(body)
+        f.flush()
+        args = [sys.executable, "-m", "agent.bench.loadgen", "--url", url, "--body", f.name]
+        args += ["-c", str(concurrency), "-d", str(duration_s)]
+        for h in headers:
+            args += ["--header", h]
+        out = subprocess.run(
+            args, capture_output=True, text=True, check=True, timeout=duration_s + 300
+        )
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+class BatchProbe:
+    """Rows and batches a server ran, read before and after a measurement."""
+
+    def __init__(self, server: Running, model: str) -> None:
+        self.server, self.model = server, model
+
+    def read(self) -> tuple[float, float, dict[str, float]]:
+        if self.server.batch_log is not None:  # MLServer: one line per batch
+            sizes = [int(x) for x in self.server.batch_log.read_text().split()]
+            hist: dict[str, float] = {}
+            for size in sizes:
+                hist[str(size)] = hist.get(str(size), 0) + 1
+            return float(sum(sizes)), float(len(sizes)), hist
+        if self.server.name == "fastapi":  # one session.run per request, by construction
+            return 0.0, 0.0, {}
+        import httpx
+
+        text = httpx.get(f"{self.server.base_url}/metrics", timeout=10).text
+        rows = batches = 0.0
+        hist = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.labels.get("model") != self.model:
+                    continue
+                if s.name == "edgefleet_inference_rows_total":
+                    rows += s.value
+                elif s.name == "edgefleet_batch_executions_total":
+                    batches += s.value
+                elif s.name == "edgefleet_batch_size_rows_bucket":
+                    hist[s.labels["le"]] = hist.get(s.labels["le"], 0) + s.value
+        return rows, batches, hist
+
+
+def _batch_delta(
+    before: tuple[float, float, dict[str, float]], after: tuple[float, float, dict[str, float]]
+) -> tuple[float | None, dict[str, float]]:
+    rows, batches = after[0] - before[0], after[1] - before[1]
+    hist = {k: v - before[2].get(k, 0) for k, v in after[2].items()}
+    return (rows / batches if batches else None), hist
+
+
+def measure(
+    server: Running, model: str, bodies: Bodies, kind: str, concurrency: int, duration_s: float
+) -> dict[str, Any]:
+    body, headers = bodies.json if kind == "json" else bodies.binary
+    probe = BatchProbe(server, model)
+    before, cpu0 = probe.read(), server.tree_cpu_s()
+    result = run_load(server.infer_url(model), body, headers, concurrency, duration_s)
+    cpu1, after = server.tree_cpu_s(), probe.read()
+    mean_batch, hist = _batch_delta(before, after)
+    if server.name == "fastapi":
+        mean_batch = 1.0
+    ok = result["statuses"].get("200", 0)
+    wall = result["wall_s"]
+    return {
+        "requests_per_s": ok / wall,
+        "statuses": result["statuses"],
+        "errors": result["errors"],
+        "p50_ms": 1000 * result["p50_s"] if result["p50_s"] else None,
+        "p95_ms": 1000 * result["p95_s"] if result["p95_s"] else None,
+        "p99_ms": 1000 * result["p99_s"] if result["p99_s"] else None,
+        "server_cpu_cores": (cpu1 - cpu0) / wall,
+        "client_cpu_cores": result["client_cpu_s"] / wall,
+        "server_cpu_ms_per_inference": 1000 * (cpu1 - cpu0) / ok if ok else None,
+        "mean_batch_rows": mean_batch,
+        "batch_histogram": hist,
+    }
+
+
+def overload(
+    server: Running, model: str, bodies: Bodies, concurrency: int, duration_s: float
+) -> dict[str, Any]:
+    """The agent far past capacity: RSS sampled throughout, the excess shed with 503s."""
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.2):
+            samples.append(server.tree_rss_bytes())
+
+    idle_rss = server.tree_rss_bytes()
+    sampler = threading.Thread(target=sample, name="rss-sampler")
+    sampler.start()
+    try:
+        body, headers = bodies.binary
+        result = run_load(server.infer_url(model), body, headers, concurrency, duration_s)
+    finally:
+        stop.set()
+        sampler.join()
+    after = run_load(server.infer_url(model), body, headers, 1, 2.0)
+    return {
+        "concurrency": concurrency,
+        "duration_s": duration_s,
+        "idle_rss_mb": idle_rss / 2**20,
+        "max_rss_mb": max(samples, default=idle_rss) / 2**20,
+        "rss_samples_mb": [s / 2**20 for s in samples],
+        "statuses": result["statuses"],
+        "errors": result["errors"],
+        "requests_per_s": result["requests_per_s"],
+        "p50_ms": 1000 * (result["p50_s"] or 0),
+        "p99_ms": 1000 * (result["p99_s"] or 0),
+        "after_statuses": after["statuses"],
+        "after_p50_ms": 1000 * (after["p50_s"] or 0),
+    }
+
+
+def run_model(
+    model: str,
+    concurrencies: list[int],
+    duration_s: float,
+    repeat: int,
+    systems: list[str],
+    scratch: Path,
+    overload_s: float,
+) -> dict[str, Any]:
+    repos: dict[str, Path] = {}
+    for name in ("agent", "agent-nobatch"):
+        repos[name] = scratch / name / "models"
+        write_example_repository(repos[name], models=(model,))
+    model_file, _ = find_model_file(repos["agent"] / model / "1")
+    bodies = make_bodies(model)
+    logs = scratch / "logs"
+    logs.mkdir(exist_ok=True)
+    calib = {b: raw_throughput(model_file, bodies.row, b, 1.5) for b in BATCH_SIZES}
+    best = max(calib, key=lambda b: calib[b])
+    cells: dict[tuple[str, str, int], Cell] = {}
+    raw_runs: list[float] = []
+    with ExitStack() as stack:
+        servers: dict[str, Running] = {}
+        probe = bodies.json[0]
+        for name in systems:
+            if name == "agent":
+                cm = agent(repos["agent"], model, probe, logs, batching=True)
+            elif name == "agent-nobatch":
+                cm = agent(repos["agent-nobatch"], model, probe, logs, batching=False)
+            elif name == "fastapi":
+                cm = fastapi_endpoint(model_file, model, probe, logs)
+            else:
+                cm = mlserver(model_file, model, probe, logs, scratch)
+            servers[name] = stack.enter_context(cm)
+        plan = [(c, s, k) for c in concurrencies for s in systems for k in BODY_KINDS[s]]
+        for server in servers.values():  # warm connections, caches and allocator pools
+            run_load(server.infer_url(model), *bodies.json, 4, 1.0)
+        for rep in range(repeat):
+            raw_runs.append(raw_throughput(model_file, bodies.row, best, duration_s))
+            shift = rep * len(plan) // max(repeat, 1)
+            for c, s, k in plan[shift:] + plan[:shift]:
+                cell = cells.setdefault((s, k, c), Cell(model, s, k, c))
+                cell.runs.append(measure(servers[s], model, bodies, k, c, duration_s))
+                rate = cell.runs[-1]["requests_per_s"]
+                print(f"{model} rep {rep} {s}/{k} c={c}: {rate:.0f}/s", file=sys.stderr)
+        over = overload(servers["agent"], model, bodies, 512, overload_s) if overload_s else None
+        startup = {name: s.started_s for name, s in servers.items()}
+    return {
+        "model": model,
+        "raw": {"best_batch": best, "calibration_rows_per_s": calib, "runs_rows_per_s": raw_runs},
+        "cells": [asdict(c) for c in cells.values()],
+        "overload": over,
+        "startup_to_first_inference_s": startup,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"])
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32, 128])
+    parser.add_argument("--systems", nargs="+", default=list(BODY_KINDS))
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--overload-duration", type=float, default=20.0)
+    parser.add_argument("--json", type=Path, default=Path("bench-serving.json"))
+    args = parser.parse_args()
+    started = time.time()
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for model in args.models:
+            results.append(
+                run_model(
+                    model,
+                    args.concurrency,
+                    args.duration,
+                    args.repeat,
+                    args.systems,
+                    Path(scratch) / model,
+                    args.overload_duration,
+                )
+            )
+    report = {
+        "started_unix": started,
+        "duration_s": args.duration,
+        "repeat": args.repeat,
+        "concurrency": args.concurrency,
+        "models": results,
+    }
+    args.json.write_text(json.dumps(report, indent=1))
+    print(args.json)
+
+
+if __name__ == "__main__":
+    main()
