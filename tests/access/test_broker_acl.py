@@ -106,8 +106,10 @@ def test_each_device_reaches_only_its_own_subtree(
                       f"{T}/dev-a/desired"):  # fmt: skip
             a.subscribe(topic)
         for leaf in ("desired", "commands"):
-            assert fleet.publish(f"{T}/dev-b/{leaf}", b"for b", retain=leaf == "desired").value == 0
-        assert fleet.publish(f"{T}/dev-a/desired", b"for a", retain=True).value == 0
+            assert not fleet.publish(
+                f"{T}/dev-b/{leaf}", b"for b", retain=leaf == "desired"
+            ).is_failure
+        assert not fleet.publish(f"{T}/dev-a/desired", b"for a", retain=True).is_failure
         a.wait(lambda: a.messages(f"{T}/dev-a/desired"), "A's desired state")
         b.subscribe(f"{T}/dev-b/desired")  # B itself gets its retained desired state
         b.wait(lambda: b.messages(f"{T}/dev-b/desired"), "B's desired state")
