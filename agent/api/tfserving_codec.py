@@ -133,7 +133,7 @@ def _unb64(value: Any, where: str) -> Any:
             raise _fail(where, 'an object value must be {"b64": "<base64 string>"}')
         try:
             return base64.b64decode(value["b64"], validate=True)
-        except binascii.Error as exc:
+        except (binascii.Error, ValueError) as exc:  # ValueError: not ASCII
             raise _fail(f"{where}.b64", f"is not valid base64 ({exc})") from None
     if isinstance(value, list):
         return [_unb64(v, where) for v in value]

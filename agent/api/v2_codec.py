@@ -117,7 +117,7 @@ def _decode_input(
         raise _fail(f"{where}.name", "must be a non-empty string")
     shape = _shape(item.get("shape"), f"{where}.shape")
     datatype = item.get("datatype")
-    if datatype not in V2_DATATYPES:
+    if not isinstance(datatype, str) or datatype not in V2_DATATYPES:
         raise _fail(
             f"{where}.datatype",
             f"{datatype!r} is not a V2 datatype ({', '.join(sorted(V2_DATATYPES))})",
@@ -129,6 +129,12 @@ def _decode_input(
         raise _fail(
             f"{where}.shape",
             f"{count} elements exceed the limit of {max_elements} (max_tensor_elements)",
+        )
+    if max(shape, default=0) > max_elements:
+        # a zero elsewhere keeps the count small, but numpy cannot even shape [0, 10**20]
+        raise _fail(
+            f"{where}.shape",
+            f"dimension {max(shape)} exceeds the limit of {max_elements} (max_tensor_elements)",
         )
     params = _parameters(item.get("parameters"), f"{where}.parameters")
     size = params.get("binary_data_size")
