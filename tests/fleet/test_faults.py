@@ -44,8 +44,11 @@ def test_device_offline_during_publication_converges_on_reconnect(
     repo = copy_models(example_repo, tmp_path / "repo", "mlp")
     with fleet_agent(repo=repo) as agent:
         assert served(agent)[0] == "1"
-    offline = [s for s in fleet.statuses("dev-1") if not s.online]
-    assert offline, "a clean shutdown publishes the offline status"
+    # the observer receives the offline status through the broker, a moment after the exit
+    wait_until(
+        lambda: any(not s.online for s in fleet.statuses("dev-1")),
+        what="the offline status a clean shutdown publishes",
+    )
     fleet.publish_desired(
         "dev-1", fleet.sign(fleet.manifest("mlp", 2, 1, mlp_version(tmp_path / "v2", seed=2)))
     )
