@@ -120,14 +120,23 @@ def _quiet_env(**extra: str) -> dict[str, str]:
 
 
 def agent(
-    repository: Path, model: str, probe_body: bytes, logs: Path, *, batching: bool = True
+    repository: Path,
+    model: str,
+    probe_body: bytes,
+    logs: Path,
+    *,
+    batching: bool = True,
+    cache_dir: Path | None = None,
 ) -> AbstractContextManager[Running]:
-    """``repository`` holds only ``model``; with ``batching=False`` its config turns it off."""
+    """``repository`` holds only ``model``; with ``batching=False`` its config turns it off;
+    ``cache_dir`` is the compiled-model cache (none by default)."""
     if not batching:
         (repository / model / "config.toml").write_text("[batching]\nmax_batch_size = 0\n")
     port = free_port()
     exe = Path(sys.executable).parent / "edgefleet"
     env = _quiet_env(EDGEFLEET_AGENT_ACCESS_LOG="false", EDGEFLEET_AGENT_LOG_LEVEL="WARNING")
+    if cache_dir is not None:
+        env["EDGEFLEET_AGENT_RUNTIME__CACHE_DIR"] = str(cache_dir)
     args = [str(exe), "agent", "--model-repository", str(repository), "--port", str(port)]
     name = "agent" if batching else "agent-nobatch"
     return _process(name, args, env, port, model, probe_body, logs / f"{name}.log")
