@@ -304,11 +304,13 @@ def event_row(e: UpdateEvent) -> dict[str, Any]:
 
 
 INT_BOUNDS = {Integer: 2**31, BigInteger: 2**63}
+COUNTS = frozenset({"requests", "errors", "rows", "batches", "queue_depth", "dropped", "seq"})
+"""Columns that only count up: a negative value would also fail the fleet's Prometheus counters."""
 
 
 def unstorable(table: Any, rows: list[dict[str, Any]]) -> str | None:
-    """Why the database would refuse one of these rows (an integer beyond its column, a string
-    longer than its column, a NaN or infinity where SQLite stores NULL), else None."""
+    """Why one of these rows cannot be stored (an integer beyond its column, a negative count, a
+    string longer than its column, a NaN or infinity where SQLite stores NULL), else None."""
     for row in rows:
         for name, value in row.items():
             column_type = table.c[name].type
@@ -318,6 +320,8 @@ def unstorable(table: Any, rows: list[dict[str, Any]]) -> str | None:
                 bound = INT_BOUNDS.get(type(column_type))
                 if bound is not None and not -bound <= value < bound:
                     return f"{name}: {value} does not fit a {type(column_type).__name__} column"
+                if name in COUNTS and value < 0:
+                    return f"{name}: {value} is negative"
             elif isinstance(value, float) and not math.isfinite(value):
                 return f"{name}: {value} is not a finite number"
             elif isinstance(value, str) and isinstance(column_type, String):

@@ -44,6 +44,9 @@ class TelemetryCollector:
                     s.execution_count,
                 )
                 last = self._last.get((entry.name, version), _Snapshot(0, 0, 0, 0))
+                if current.requests < last.requests or current.rows < last.rows:
+                    # the version was loaded again (a rollback to it): its counters restarted
+                    last = _Snapshot(0, 0, 0, 0)
                 self._last[(entry.name, version)] = current
                 pct = s.latency_percentiles(since, (50, 95, 99))
                 batches = current.batches - last.batches

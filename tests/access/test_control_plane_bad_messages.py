@@ -68,6 +68,7 @@ def cases() -> list[tuple[str, bytes, str]]:
         ("telemetry", js(telemetry("dev-x", 3)).replace(b'"window_s": 1.0', b'"window_s": NaN'), "out_of_range"),
         ("events", js(event("dev-x", event_id="e" * 500)), "out_of_range"),
         ("events", js(event("dev-x", version=2**40)), "out_of_range"),
+        ("telemetry", js(telemetry("dev-x", 4)).replace(b'"rows": 10', b'"rows": -10'), "out_of_range"),
     ]  # fmt: skip
     return out
 
