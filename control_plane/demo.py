@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -26,6 +27,8 @@ import numpy as np
 import tomli_w
 
 from agent.demo import run_demo as self_test_locally
+from control_plane.provisioning.acl import CONTROL_PLANE_USER
+from control_plane.provisioning.mosquitto import FleetAccess
 from runtimes.examples import write_example_repository
 from runtimes.examples.variants import fragile_mlp_version, mlp_tflite_version, mlp_version
 
@@ -98,7 +101,9 @@ def _infer(url: str, x: np.ndarray) -> httpx.Response:
     return httpx.post(f"{url}/v2/models/mlp/infer", json=body, timeout=30)
 
 
-def run_demo(workdir: Path, echo: Echo, mqtt_url: str | None = None) -> int:
+def run_demo(
+    workdir: Path, echo: Echo, mqtt_url: str | None = None, log_level: str = "INFO"
+) -> int:
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
@@ -109,23 +114,11 @@ def run_demo(workdir: Path, echo: Echo, mqtt_url: str | None = None) -> int:
     exe = str(Path(sys.executable).parent / "edgefleet")
     with ExitStack() as stack:
         echo(f"== starting a broker, the control plane and two agents (logs in {logs})")
-        if mqtt_url is None:
-            mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-            if not Path(mosquitto).exists():
-                raise RuntimeError(
-                    "no mosquitto on this machine: install it or pass --mqtt mqtt://host:port"
-                )
-            port = _free_port()
-            (workdir / "mosquitto.conf").write_text(
-                f"listener {port} 127.0.0.1\nallow_anonymous true\n"
-            )
-            stack.enter_context(
-                _process([mosquitto, "-c", str(workdir / "mosquitto.conf")], logs / "mosquitto.log")
-            )
-            mqtt_url = f"mqtt://127.0.0.1:{port}"
-            _wait("the broker", lambda: _port_open(port))
-        cp_port = _free_port()
         cp_state = workdir / "control-plane"
+        credentials: dict[str, dict[str, str]] = {}
+        if mqtt_url is None:
+            mqtt_url, credentials = _start_broker(stack, workdir, cp_state, log_level)
+        cp_port = _free_port()
         cp_config = workdir / "control-plane.toml"
         cp_config.write_text(
             tomli_w.dumps(
@@ -136,6 +129,8 @@ def run_demo(workdir: Path, echo: Echo, mqtt_url: str | None = None) -> int:
                     "state_dir": str(cp_state),
                     "artifact_dir": str(cp_state / "artifacts"),
                     "rollout_tick_s": 0.5,
+                    "log_level": log_level,
+                    **credentials.get(CONTROL_PLANE_USER, {}),
                 }
             )
         )
@@ -161,7 +156,9 @@ def run_demo(workdir: Path, echo: Echo, mqtt_url: str | None = None) -> int:
                         "port": port,
                         "profile": profile,
                         "access_log": False,
+                        "log_level": log_level,
                         "fleet": {
+                            **credentials.get(device_id, {}),
                             "mqtt_url": mqtt_url,
                             "device_id": device_id,
                             "labels": labels,
@@ -235,6 +232,35 @@ def run_demo(workdir: Path, echo: Echo, mqtt_url: str | None = None) -> int:
         ok = doc["state"] == "rolled_back" and set(versions.values()) == {"2"}
     echo("== done" if ok else "== the demo did not go as planned; see the logs")
     return 0 if ok else 1
+
+
+def _start_broker(
+    stack: ExitStack, workdir: Path, cp_state: Path, log_level: str
+) -> tuple[str, dict[str, dict[str, str]]]:
+    """A private Mosquitto with a password per device and the fleet ACL (the control plane's
+    ``edgefleet fleet`` provisioning); return its URL and each client's credentials."""
+    mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    if not Path(mosquitto).exists():
+        raise RuntimeError(
+            "no mosquitto on this machine: install it or pass --mqtt mqtt://host:port"
+        )
+    access = FleetAccess(cp_state)
+    credentials = {d: {"username": d, "password": access.add_device(d)} for d in DEVICES}
+    service = access.service(CONTROL_PLANE_USER)
+    credentials[CONTROL_PLANE_USER] = {
+        "mqtt_username": service.user,
+        "mqtt_password": service.password_file.read_text(),
+    }
+    port = _free_port()
+    conf = access.write_config(workdir / "broker", port=port, bind="127.0.0.1")
+    # Started as root, mosquitto would drop to the "mosquitto" user, who cannot read the
+    # password file (mode 0600): stay the user we are.
+    user = f"user {pwd.getpwuid(os.geteuid()).pw_name}\n" if os.geteuid() == 0 else ""
+    verbose = "log_type all\n" if log_level == "DEBUG" else ""
+    conf.write_text(user + conf.read_text() + "log_dest stdout\n" + verbose)
+    stack.enter_context(_process([mosquitto, "-c", str(conf)], workdir / "logs" / "mosquitto.log"))
+    _wait("the broker", lambda: _port_open(port))
+    return f"mqtt://127.0.0.1:{port}", credentials
 
 
 def _push(api: httpx.Client, version: int, variants: list[tuple[Path, str, list[str]]]) -> None:
