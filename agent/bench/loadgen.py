@@ -37,10 +37,10 @@ def build_request(url: str, body: bytes, headers: list[str]) -> tuple[str, int, 
         f"POST {path} HTTP/1.1",
         f"Host: {parts.hostname}",
         f"Content-Length: {len(body)}",
-        *headers,
     ]
     if not any(h.lower().startswith("content-type:") for h in headers):
         lines.append("Content-Type: application/octet-stream")
+    lines += headers
     head = ("\r\n".join(lines) + "\r\n\r\n").encode()
     return parts.hostname or "127.0.0.1", parts.port or 80, head + body
 

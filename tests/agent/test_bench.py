@@ -41,3 +41,6 @@ def test_loadgen_refuses_anything_but_loopback() -> None:
     assert request.startswith(b"POST /v2/models/m/infer HTTP/1.1\r\n") and request.endswith(
         b"\r\nA: b\r\n\r\nxy"
     )
+    assert b"Content-Type: application/octet-stream" in request
+    _, _, as_json = build_request("http://127.0.0.1:9/x", b"{}", ["Content-Type: application/json"])
+    assert b"octet-stream" not in as_json and b"Content-Type: application/json" in as_json

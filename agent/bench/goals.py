@@ -1,0 +1,175 @@
+"""The benchmark goals (docs/benchmarks.md, issue "Benchmarks side by side"), checked against a
+run's results. Each is a ratio of figures from the same run, except the fleet's time limit and
+the start-up limit, which are absolute by their nature."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Goal:
+    name: str
+    target: str
+    measured: str
+    met: bool
+
+
+def _cell(serving: dict[str, Any], model: str, system: str, body: str, conc: int) -> float | None:
+    for m in serving["models"]:
+        if m["model"] != model:
+            continue
+        for c in m["cells"]:
+            if (c["system"], c["body"], c["concurrency"]) == (system, body, conc):
+                return float(statistics.median(r["requests_per_s"] for r in c["runs"]))
+    return None
+
+
+def _runs(serving: dict[str, Any], model: str, system: str, body: str, conc: int) -> list[Any]:
+    for m in serving["models"]:
+        for c in m["cells"]:
+            if m["model"] == model and (c["system"], c["body"], c["concurrency"]) == (
+                system,
+                body,
+                conc,
+            ):
+                return list(c["runs"])
+    return []
+
+
+def _ratio_goal(name: str, target: float, a: float | None, b: float | None, what: str) -> Goal:
+    if a is None or b is None or b == 0:
+        return Goal(name, f">= {target:g} x", "not measured", False)
+    ratio = a / b
+    return Goal(
+        name, f">= {target:g} x", f"{ratio:.2f} x ({a:.0f} vs {b:.0f} {what})", ratio >= target
+    )
+
+
+def serving_goals(serving: dict[str, Any]) -> list[Goal]:
+    goals = []
+    raw = None
+    for m in serving["models"]:
+        if m["model"] == "cnn":
+            raw = statistics.median(m["raw"]["runs_rows_per_s"])
+    goals.append(
+        _ratio_goal(
+            "cnn, binary V2, c=8: agent / raw ONNX Runtime best in-process",
+            0.9,
+            _cell(serving, "cnn", "agent", "binary", 8),
+            raw,
+            "rows/s",
+        )
+    )
+    agent_mlp = _cell(serving, "mlp", "agent", "json", 32)
+    goals.append(
+        _ratio_goal(
+            "mlp, JSON V2, c=32: agent / plain FastAPI",
+            2,
+            agent_mlp,
+            _cell(serving, "mlp", "fastapi", "json", 32),
+            "req/s",
+        )
+    )
+    goals.append(
+        _ratio_goal(
+            "mlp, JSON V2, c=32: agent / MLServer",
+            3,
+            agent_mlp,
+            _cell(serving, "mlp", "mlserver", "json", 32),
+            "req/s",
+        )
+    )
+    for model in ("mlp", "cnn"):
+        for body in ("json", "binary"):
+            runs = _runs(serving, model, "agent", body, 32)
+            if not runs:
+                continue
+            p50 = statistics.median(r["p50_ms"] for r in runs)
+            p99 = statistics.median(r["p99_ms"] for r in runs)
+            goals.append(
+                Goal(
+                    f"{model}, {body} V2, c=32: agent p99 / p50",
+                    "<= 3 x",
+                    f"{p99 / p50:.2f} x ({p99:.1f} / {p50:.1f} ms)",
+                    p99 <= 3 * p50,
+                )
+            )
+    for m in serving["models"]:
+        over = m.get("overload")
+        if not over:
+            continue
+        shed = int(over["statuses"].get("503", 0))
+        bounded = over["max_rss_mb"] <= 1.5 * over["idle_rss_mb"]
+        goals.append(
+            Goal(
+                f"{m['model']}, c={over['concurrency']} for {over['duration_s']:g} s: "
+                "RSS bounded, excess shed with 503",
+                "peak RSS <= 1.5 x idle, 503s, no connection errors",
+                f"RSS {over['idle_rss_mb']:.0f} -> {over['max_rss_mb']:.0f} MB, "
+                f"{shed} x 503, {over['errors']} errors",
+                bounded and shed > 0 and over["errors"] == 0,
+            )
+        )
+    return goals
+
+
+def footprint_goals(footprint: dict[str, Any]) -> list[Goal]:
+    s = footprint["summary"]
+    goals = []
+    if "agent-cold" in s and "fastapi" in s:
+        a, f = s["agent-cold"]["idle_rss_mb"], s["fastapi"]["idle_rss_mb"]
+        goals.append(
+            Goal(
+                "idle RSS with mlp: agent / plain FastAPI",
+                "<= 1.2 x",
+                f"{a / f:.2f} x ({a:.0f} vs {f:.0f} MB)",
+                a <= 1.2 * f,
+            )
+        )
+    for name in ("agent-cold", "agent-warm"):
+        if name in s:
+            t = s[name]["start_to_first_inference_s"]
+            goals.append(
+                Goal(f"{name}: process start to first inference", "< 2 s", f"{t:.2f} s", t < 2)
+            )
+    return goals
+
+
+def fleet_goals(fleet: dict[str, Any]) -> list[Goal]:
+    goals = []
+    for size in fleet.get("sizes", []):
+        if size["devices"] < 5000:
+            continue
+        s = size.get("summary") or {}
+        t = s.get("rollout_99pct_committed_s")
+        goals.append(
+            Goal(
+                f"{size['devices']:,} devices: single-wave rollout to 99 % committed",
+                "<= 60 s",
+                "-" if t is None else f"{t:.1f} s",
+                t is not None and t <= 60,
+            )
+        )
+        ratio = (size.get("ingest") or {}).get("ratio_to_bare")
+        goals.append(
+            Goal(
+                f"{size['devices']:,} devices: lossless ingest / bare subscriber",
+                ">= 0.5 x",
+                "-" if ratio is None else f"{ratio:.2f} x",
+                ratio is not None and ratio >= 0.5,
+            )
+        )
+    return goals
+
+
+def evaluate(
+    serving: dict[str, Any] | None, footprint: dict[str, Any] | None, fleet: dict[str, Any] | None
+) -> list[Goal]:
+    return (
+        (serving_goals(serving) if serving else [])
+        + (footprint_goals(footprint) if footprint else [])
+        + (fleet_goals(fleet) if fleet else [])
+    )

@@ -1,0 +1,97 @@
+"""``edgefleet bench``: the whole benchmark suite in one run, written into docs/benchmarks.md.
+
+Serving (agent with and without batching, raw ONNX Runtime, a plain FastAPI endpoint, MLServer),
+footprint, and fleet scale (``python -m control_plane.bench.fleet``, run as its own process when
+the control plane is installed), then the report. ``--quick`` is a smoke run of every part.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from agent.bench.report import render
+
+
+def _step(args: list[str]) -> None:
+    click.echo(f"$ {shlex.join(args)}", err=True)
+    subprocess.run(args, check=True)
+
+
+@click.command("bench")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("docs"),
+    show_default=True,
+    help="Where benchmarks.md and its plots go.",
+)
+@click.option(
+    "--results",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("bench-results"),
+    show_default=True,
+    help="Where the raw JSON goes.",
+)
+@click.option("--quick", is_flag=True, help="A short smoke run of every part.")
+@click.option(
+    "--skip",
+    multiple=True,
+    type=click.Choice(["serving", "footprint", "fleet"]),
+    help="Leave a part out (its previous JSON is reused if present).",
+)
+@click.option("--devices", multiple=True, type=int, help="Fleet sizes (default 1000 5000).")
+def bench(
+    out: Path, results: Path, quick: bool, skip: tuple[str, ...], devices: tuple[int, ...]
+) -> None:
+    """Run the benchmark suite and write docs/benchmarks.md."""
+    results.mkdir(parents=True, exist_ok=True)
+    py = sys.executable
+    serving, footprint, fleet = (results / f"{p}.json" for p in ("serving", "footprint", "fleet"))
+    if "serving" not in skip:
+        args = [py, "-m", "agent.bench.suite", "--json", str(serving)]
+        if quick:
+            args += [
+                "--concurrency",
+                "8",
+                "32",
+                "--duration",
+                "2",
+                "--repeat",
+                "1",
+                "--overload-duration",
+                "5",
+            ]
+        _step(args)
+    if "footprint" not in skip:
+        _step(
+            [py, "-m", "agent.bench.footprint", "--json", str(footprint)]
+            + (["--repeat", "1"] if quick else [])
+        )
+    if "fleet" not in skip and importlib.util.find_spec("control_plane.bench") is not None:
+        sizes = [str(d) for d in devices] or (["200"] if quick else ["1000", "5000"])
+        args = [py, "-m", "control_plane.bench.fleet", "--json", str(fleet), "--devices", *sizes]
+        if quick:
+            args += ["--repeat", "1", "--idle-s", "2", "--ingest-step-s", "3"]
+        _step(args)
+    command = "edgefleet bench" + (" --quick" if quick else "")
+    target = render(_load(serving), _load(footprint), _load(fleet), out, command)
+    click.echo(target)
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc
+
+
+def register(group: click.Group) -> None:
+    group.add_command(bench)

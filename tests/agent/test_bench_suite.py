@@ -1,0 +1,94 @@
+"""The benchmark suite's parts: real servers measured through the real load generator, the
+batch statistics read back from the agent, and the report with its goals and plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.bench.bodies import make_bodies
+from agent.bench.goals import evaluate
+from agent.bench.report import render
+from agent.bench.suite import measure
+from agent.bench.systems import agent, fastapi_endpoint
+from tests.agent.server import copy_models
+
+
+def test_measure_agent_and_plain_endpoint_side_by_side(example_repo: Path, tmp_path: Path) -> None:
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    bodies = make_bodies("mlp")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with agent(repo, "mlp", bodies.json[0], logs) as a:
+        served = measure(a, "mlp", bodies, "binary", 4, 1.0)
+    with fastapi_endpoint(repo / "mlp" / "1" / "model.onnx", "mlp", bodies.json[0], logs) as f:
+        plain = measure(f, "mlp", bodies, "json", 4, 1.0)
+    for result in (served, plain):
+        assert set(result["statuses"]) == {"200"} and result["errors"] == 0
+        assert result["requests_per_s"] > 0 and result["server_cpu_cores"] > 0
+        assert result["p50_ms"] <= result["p95_ms"] <= result["p99_ms"]
+    # the agent's batch statistics come from its own metrics: rows per batch lie in 1..4
+    assert 1 <= served["mean_batch_rows"] <= 4
+    assert served["batch_histogram"]["+Inf"] > 0
+    assert plain["mean_batch_rows"] == 1
+
+
+def _serving(agent_rps: float, fastapi_rps: float) -> dict[str, object]:
+    def cell(system: str, body: str, conc: int, rps: float) -> dict[str, object]:
+        run = {
+            "requests_per_s": rps,
+            "p50_ms": 10.0,
+            "p95_ms": 20.0,
+            "p99_ms": 40.0,
+            "statuses": {"200": 100},
+            "errors": 0,
+            "server_cpu_ms_per_inference": 1.0,
+            "mean_batch_rows": 4.0,
+            "server_cpu_cores": 1.0,
+            "client_cpu_cores": 0.1,
+            "batch_histogram": {"1.0": 10, "4.0": 90, "+Inf": 100},
+        }
+        return {"model": "mlp", "system": system, "body": body, "concurrency": conc, "runs": [run]}
+
+    cells = [
+        cell("agent", "json", 32, agent_rps),
+        cell("fastapi", "json", 32, fastapi_rps),
+        cell("agent", "binary", 32, agent_rps),
+    ]
+    raw = {"best_batch": 8, "calibration_rows_per_s": {}, "runs_rows_per_s": [1000.0]}
+    return {
+        "duration_s": 1,
+        "repeat": 1,
+        "concurrency": [32],
+        "models": [{"model": "mlp", "raw": raw, "cells": cells, "overload": None}],
+    }
+
+
+def test_goals_compare_figures_of_the_same_run() -> None:
+    goals = {g.name: g for g in evaluate(_serving(300, 100), None, None)}
+    assert goals["mlp, JSON V2, c=32: agent / plain FastAPI"].met
+    assert not goals["mlp, JSON V2, c=32: agent / MLServer"].met  # not measured is not met
+    assert goals["mlp, json V2, c=32: agent p99 / p50"].measured.startswith("4.00 x")
+    assert not goals["mlp, json V2, c=32: agent p99 / p50"].met
+    slower = {g.name: g for g in evaluate(_serving(150, 100), None, None)}
+    assert not slower["mlp, JSON V2, c=32: agent / plain FastAPI"].met
+
+
+def test_report_writes_tables_and_plots(tmp_path: Path) -> None:
+    footprint = {
+        "repeat": 1,
+        "summary": {
+            "agent-cold": {"idle_rss_mb": 110.0, "start_to_first_inference_s": 1.5, "processes": 1},
+            "fastapi": {"idle_rss_mb": 100.0, "start_to_first_inference_s": 1.0, "processes": 1},
+        },
+    }
+    target = render(_serving(300, 100), footprint, None, tmp_path, "edgefleet bench --quick")
+    text = target.read_text()
+    assert (
+        "| idle RSS with mlp: agent / plain FastAPI | <= 1.2 x | 1.10 x (110 vs 100 MB) | met |"
+        in text
+    )
+    assert "| agent (json) | 300 |" in text
+    for name in ("throughput-mlp.png", "latency-mlp.png", "batches-mlp.png"):
+        png = tmp_path / "benchmarks" / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"(benchmarks/{name})" in text
