@@ -86,6 +86,10 @@ def test_each_device_reaches_only_its_own_subtree(
     )
     a = ProbeClient(broker.port, username="dev-a", password=passwords["dev-a"])
     b = ProbeClient(broker.port, username="dev-b", password=passwords["dev-b"])
+    impostor = ProbeClient(broker.port, username=CONTROL_PLANE_USER, password=passwords["dev-a"])
+    thief = ProbeClient(
+        broker.port, username="dev-a", password=passwords["dev-a"], client_id="dev-b"
+    )
     try:
         assert fleet.connect() == 0 and a.connect() == 0 and b.connect() == 0
         for leaf in ("status", "telemetry", "events"):
@@ -116,26 +120,28 @@ def test_each_device_reaches_only_its_own_subtree(
         # (one copy per overlapping subscription, all of A's own topic)
         assert {t for t, _, _ in a.received} == {f"{T}/dev-a/desired"}
         # a device may not pose as the control plane either
-        impostor = ProbeClient(
-            broker.port, username=CONTROL_PLANE_USER, password=passwords["dev-a"]
-        )
         assert impostor.connect() == NOT_AUTHORIZED
+        # nor take over B's session with B's client id: the client id is the username
+        assert thief.connect() == 0
+        assert b.publish(f"{T}/dev-b/status", b"still here").value < 0x80
+        assert not b.disconnected  # a takeover would have closed B's connection first
     finally:
-        for client in (fleet, a, b, anonymous, wrong):
+        for client in (fleet, a, b, anonymous, wrong, impostor, thief):
             client.close()
 
 
 def test_revoked_device_cannot_connect_after_a_reload(
     broker: Mosquitto, tmp_path: Path, access: FleetAccess, passwords: dict[str, str]
 ) -> None:
-    before = ProbeClient(broker.port, username="dev-b", password=passwords["dev-b"])
-    assert before.connect() == 0
-    before.close()
+    connected = ProbeClient(broker.port, username="dev-b", password=passwords["dev-b"])
+    assert connected.connect() == 0
     assert access.revoke_device("dev-b") == (True, 0)
     access.write_config(tmp_path / "broker-config")
     assert broker.proc is not None
     broker.proc.send_signal(signal.SIGHUP)  # mosquitto rereads its password file and ACL
-    wait_until(lambda: broker.log().count("Reloading config") >= 1, what="the reload")
+    # the revoked device's open connection is closed too, not only new ones refused
+    connected.wait(lambda: connected.disconnected, "the revoked device to be disconnected")
+    connected.close()
 
     def refused() -> bool:
         probe = ProbeClient(broker.port, username="dev-b", password=passwords["dev-b"])
