@@ -152,8 +152,10 @@ def _array(values: Any, spec: TensorSpec, where: str, limit: int) -> np.ndarray:
                 raise _fail(
                     where, f"b64 values are for string inputs; {spec.name!r} is {spec.datatype}"
                 )
-            array = np.asarray(values, dtype=numpy_dtype(spec.datatype))
-    except (ValueError, TypeError, OverflowError) as exc:
+            # a number out of the datatype's range is refused, not turned into inf or garbage
+            with np.errstate(over="raise", invalid="raise"):
+                array = np.asarray(values, dtype=numpy_dtype(spec.datatype))
+    except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
         raise _fail(
             where, f"cannot be read as {spec.datatype} (ragged or wrong type): {exc}"
         ) from None

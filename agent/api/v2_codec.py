@@ -166,10 +166,12 @@ def _from_json(data: Any, datatype: str, shape: list[int], where: str) -> np.nda
         if datatype == "BYTES":
             flat = np.array(_flatten_bytes(data, where), dtype=object)
         else:
-            flat = np.asarray(data, dtype=numpy_dtype(datatype)).reshape(-1)
+            # a number out of the datatype's range is refused, not turned into inf or garbage
+            with np.errstate(over="raise", invalid="raise"):
+                flat = np.asarray(data, dtype=numpy_dtype(datatype)).reshape(-1)
             if datatype == "BOOL" and not _all_bools(data):
                 raise _fail(where, "BOOL data must be true or false")
-    except (ValueError, TypeError, OverflowError) as exc:
+    except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
         raise _fail(where, f"cannot be read as {datatype}: {exc}") from None
     expected = math.prod(shape)
     if flat.size != expected:

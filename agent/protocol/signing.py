@@ -145,9 +145,15 @@ def parse_envelope(raw: bytes | str | dict[str, Any]) -> Envelope:
             f"schema_version {doc.get('schema_version')!r}, this agent speaks {SCHEMA_VERSION}",
         )
     try:
-        return Envelope.model_validate(doc)
+        envelope = Envelope.model_validate(doc)
     except ValidationError as exc:
         raise ProtocolError(Rejection.MALFORMED, _first_error(exc)) from None
+    try:
+        canonical_bytes(envelope.signed)
+    except (ValueError, UnicodeEncodeError) as exc:
+        # NaN, Infinity (which json.loads accepts) or a lone surrogate: nothing can sign it
+        raise ProtocolError(Rejection.MALFORMED, f"signed: has no canonical form ({exc})") from None
+    return envelope
 
 
 def _first_error(exc: ValidationError) -> str:
