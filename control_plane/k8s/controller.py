@@ -102,13 +102,15 @@ class ModelRolloutController:
                 try:
                     await self.sync_status(obj, int(status["rolloutId"]))
                 except Exception:
-                    log.exception("writing ModelRollout status failed", extra={"name": _name(obj)})
+                    log.exception(
+                        "writing ModelRollout status failed", extra={"modelrollout": _name(obj)}
+                    )
 
     async def _reconcile_logged(self, obj: Obj) -> None:
         try:
             await self.reconcile(obj)
         except Exception:  # one bad object must not stop the others
-            log.exception("reconciling a ModelRollout failed", extra={"name": _name(obj)})
+            log.exception("reconciling a ModelRollout failed", extra={"modelrollout": _name(obj)})
 
     async def reconcile(self, obj: Obj) -> None:
         status = obj.get("status") or {}
@@ -145,7 +147,9 @@ class ModelRolloutController:
             rollout_id = await self.engine.create(rollout_spec(obj), owner(obj))
         except ControlPlaneError as exc:
             reason = REASONS.get(exc.code, "Refused")
-            log.warning("ModelRollout refused", extra={"name": _name(obj), "reason": exc.message})
+            log.warning(
+                "ModelRollout refused", extra={"modelrollout": _name(obj), "reason": exc.message}
+            )
             previous = (obj.get("status") or {}).get("conditions") or []
             await self._patch(
                 obj,
@@ -159,7 +163,7 @@ class ModelRolloutController:
                 },
             )
             return None
-        log.info("ModelRollout started", extra={"name": _name(obj), "rollout": rollout_id})
+        log.info("ModelRollout started", extra={"modelrollout": _name(obj), "rollout": rollout_id})
         return rollout_id
 
     async def _act(self, obj: Obj, rollout_id: int, spec: Obj) -> None:

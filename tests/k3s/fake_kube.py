@@ -76,6 +76,12 @@ class FakeKubeApi:
             obj = self.rollouts.pop(name)
             self._record("DELETED", obj)
 
+    def clear_status(self, name: str) -> None:
+        with self._lock:
+            obj = copy.deepcopy(self.rollouts[name])
+            obj.pop("status", None)
+            self._store(obj, "MODIFIED")
+
     def get(self, name: str) -> Obj:
         with self._lock:
             return copy.deepcopy(self.rollouts[name])
