@@ -10,6 +10,7 @@ point leaves the last committed version in place and served after a restart.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -69,11 +70,12 @@ class ModelStore:
     ) -> Path:
         """Move verified files into ``<repo>/<model>/<version>`` atomically."""
         target = self.version_dir(model, version)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(dir=self.staging, prefix=f"{model}-{version}-"))
+        scratch: Path | None = None
         try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            scratch = Path(tempfile.mkdtemp(dir=self.staging, prefix=f"{model}-{version}-"))
             for name, path in files.items():
-                shutil.copyfile(path, scratch / name)
+                _link_or_copy(path, scratch / name)
             (scratch / DIGESTS_FILE).write_text(
                 json.dumps({r.name: r.sha256 for r in refs}, sort_keys=True)
             )
@@ -81,8 +83,13 @@ class ModelStore:
                 with p.open("rb") as fh:
                     os.fsync(fh.fileno())
             os.rename(scratch, target)
-        except BaseException:
-            shutil.rmtree(scratch, ignore_errors=True)
+        except BaseException as exc:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise ProtocolError(
+                    Rejection.DISK_FULL, f"no space left installing version {version} of {model}"
+                ) from exc
             raise
         return target
 
@@ -115,3 +122,12 @@ class ModelStore:
 
     def remove_version(self, model: str, version: int) -> None:
         shutil.rmtree(self.version_dir(model, version), ignore_errors=True)
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A hard link: the verified download becomes the installed file without a second copy
+    on a small disk. A copy where links are not possible (another filesystem)."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)

@@ -13,6 +13,7 @@ update back to be tried again.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
 import tomllib
@@ -108,8 +109,13 @@ class Updater:
                     await self.rollback(item)
                 else:
                     await self.apply(item, http)
-                    self.on_done((item.manifest.model, item.manifest.sequence))
+            except Exception:
+                # a fault in one update must not take the device off the fleet: the previous
+                # version keeps serving and the next desired state is still acted on
+                log.exception("update failed unexpectedly")
             finally:
+                if not isinstance(item, Command):
+                    self.on_done((item.manifest.model, item.manifest.sequence))
                 self.busy = self._queue.qsize() > 0
 
     # -- manifests ------------------------------------------------------------------------
@@ -190,6 +196,19 @@ class Updater:
         self.on_change()
 
     async def _download(
+        self, vm: VerifiedManifest, http: httpx.AsyncClient, say: Callable[..., None]
+    ) -> Path:
+        try:
+            return await self._download_and_install(vm, http, say)
+        except OSError as exc:
+            # the device's storage, not the manifest: reported, and tried again later
+            full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            raise ProtocolError(
+                Rejection.DISK_FULL if full else Rejection.DOWNLOAD_FAILED,
+                f"storing the update failed: {exc.strerror or exc} ({exc.filename})",
+            ) from exc
+
+    async def _download_and_install(
         self, vm: VerifiedManifest, http: httpx.AsyncClient, say: Callable[..., None]
     ) -> Path:
         m = vm.manifest
