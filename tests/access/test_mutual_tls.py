@@ -5,6 +5,7 @@ refused; a real control plane and agent talk with theirs."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -150,3 +151,28 @@ def test_real_control_plane_and_agent_over_mutual_tls(
         wait_until(lambda: stored() > 0, what="telemetry over mutual TLS")
         assert cp.admin.post("/api/v1/keys/rotate").status_code == 200  # control plane -> device
         wait_until(lambda: agent.state.fleet.trust.version == 2, what="trust root 2 on the device")  # type: ignore[union-attr]
+
+
+def test_a_certificate_revoked_later_is_refused_after_a_reload(
+    broker: Mosquitto, access: FleetAccess, certs: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    ca, (cert, key) = access.ca.cert_path, certs["dev-b"]
+    before = ProbeClient(broker.port, ca=ca, cert=cert, key=key)
+    assert before.connect() == 0
+    before.close()
+    assert access.revoke_device("dev-b") == (False, 1)  # no password: certificates only
+    access.write_config(tmp_path / "broker-config", tls=True, server_names=("127.0.0.1",))
+    assert broker.proc is not None
+    broker.proc.send_signal(signal.SIGHUP)  # mosquitto rereads its TLS files and the CRL
+
+    def refused() -> bool:
+        probe = ProbeClient(broker.port, ca=ca, cert=cert, key=key)
+        try:
+            return probe.connect() is None
+        finally:
+            probe.close()
+
+    wait_until(refused, what="the revoked certificate to be refused")
+    a = ProbeClient(broker.port, ca=ca, cert=certs["dev-a"][0], key=certs["dev-a"][1])
+    assert a.connect() == 0
+    a.close()
