@@ -5,6 +5,7 @@ a broker restart delays them rather than losing them."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import random
@@ -23,6 +24,8 @@ from control_plane.ingest import Ingestor
 from control_plane.settings import ControlPlaneSettings
 
 log = logging.getLogger("edgefleet.control_plane.mqtt")
+PUBLISH_WINDOW = 100
+"""Outgoing QoS 1 messages awaiting their PUBACK at one time."""
 
 
 class FleetBus:
@@ -61,17 +64,22 @@ class FleetBus:
     async def _send(self, client: aiomqtt.Client) -> None:
         while True:
             self._wake.clear()
+            # Up to PUBLISH_WINDOW messages in flight at once: one acknowledgement round trip
+            # per message would put a floor of N round trips under a rollout to N devices.
             while self._retained:
-                topic, payload = next(iter(self._retained.items()))
-                await client.publish(topic, payload, qos=1, retain=True, timeout=10)
-                if self._retained.get(topic) is payload:  # not replaced meanwhile
-                    del self._retained[topic]
-                self.published += 1
+                window = list(itertools.islice(self._retained.items(), PUBLISH_WINDOW))
+                await asyncio.gather(
+                    *(client.publish(t, p, qos=1, retain=True, timeout=10) for t, p in window)
+                )
+                for topic, payload in window:
+                    if self._retained.get(topic) is payload:  # not replaced meanwhile
+                        del self._retained[topic]
+                self.published += len(window)
             while self._commands:
-                topic, payload = self._commands[0]
-                await client.publish(topic, payload, qos=1, timeout=10)
-                self._commands.pop(0)
-                self.published += 1
+                batch = self._commands[:PUBLISH_WINDOW]
+                await asyncio.gather(*(client.publish(t, p, qos=1, timeout=10) for t, p in batch))
+                del self._commands[: len(batch)]
+                self.published += len(batch)
             if not self._retained and not self._commands:
                 await self._wake.wait()
 

@@ -161,8 +161,12 @@ class Ingestor:
             batch = [await self._queue.get()]
             deadline = time.monotonic() + self.max_delay_s
             while len(batch) < self.batch_size:
+                # what is queued already is taken as it is: a wait_for (a task) per message
+                # cost more than the insert under load
+                while len(batch) < self.batch_size and not self._queue.empty():
+                    batch.append(self._queue.get_nowait())
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if len(batch) >= self.batch_size or remaining <= 0:
                     break
                 try:
                     batch.append(await asyncio.wait_for(self._queue.get(), remaining))

@@ -21,6 +21,7 @@ desired state goes back to what it was before the rollout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import uuid
@@ -181,16 +182,17 @@ class RolloutEngine:
             )
             session.add(rollout)
             await session.flush()
-            target = {"device_ids": [d.id for d in targets]}
-            payload = build_manifest(
+            # The manifest without its target, stored once; each device gets it signed for
+            # itself alone when its wave starts (see _send). One manifest naming every target
+            # would make every device's desired state grow with the fleet: N devices x N ids.
+            rollout.manifest = build_manifest(
                 mv,
                 sequence=sequence,
                 base_url=self.artifact_base_url,
-                target=target,
+                target={},
                 rollout_id=f"rollout-{rollout.id}",
                 ttl_s=self.manifest_ttl_s,
             )
-            rollout.manifest = self.keys.sign(payload)
             bounds = wave_bounds(spec.waves, len(targets))
             for position, device in enumerate(
                 targets[: bounds[-1]]
@@ -302,25 +304,76 @@ class RolloutEngine:
     async def on_events(self, events: list[UpdateEvent]) -> None:
         touched: set[int] = set()
         async with self._lock, self.sessions.begin() as session:
+            prefetched = await self._rows_for(session, events)
+            reverting = await self._reverting_for(session, events)
             for event in events:
-                rollout_id = await self._apply_event(session, event)
+                rollout_id = await self._apply_event(session, event, prefetched, reverting)
                 if rollout_id is not None:
                     touched.add(rollout_id)
         for rollout_id in touched:
             await self.step(rollout_id)
 
-    async def _apply_event(self, session: AsyncSession, event: UpdateEvent) -> int | None:
+    async def _rows_for(
+        self, session: AsyncSession, events: list[UpdateEvent]
+    ) -> dict[tuple[int, str], RolloutDevice]:
+        """The rollout rows a batch of events can move, in one query per rollout rather than
+        one per event (a rollout to thousands of devices reports thousands of events)."""
+        wanted: dict[int, set[str]] = {}
+        for e in events:
+            if e.rollout_id and e.rollout_id.startswith("rollout-"):
+                with contextlib.suppress(ValueError):
+                    rollout_id = int(e.rollout_id.removeprefix("rollout-"))
+                    wanted.setdefault(rollout_id, set()).add(e.device_id)
+        rows: dict[tuple[int, str], RolloutDevice] = {}
+        for rollout_id, ids in wanted.items():
+            result = await session.execute(
+                select(RolloutDevice).where(
+                    RolloutDevice.rollout_id == rollout_id, RolloutDevice.device_id.in_(ids)
+                )
+            )
+            rows |= {(rd.rollout_id, rd.device_id): rd for rd in result.scalars()}
+        return rows
+
+    async def _reverting_for(
+        self, session: AsyncSession, events: list[UpdateEvent]
+    ) -> dict[tuple[str, str], list[RolloutDevice]]:
+        """Rows waiting for the devices' answers to rollback commands, by (device, model)."""
+        ids = {
+            e.device_id
+            for e in events
+            if e.state.value in ("rolled_back", "rejected")
+            and e.code in ("fleet_command", "nothing_to_roll_back")
+            and not (e.rollout_id and e.rollout_id.startswith("rollout-"))
+        }
+        out: dict[tuple[str, str], list[RolloutDevice]] = {}
+        chunked = sorted(ids)
+        for start in range(0, len(chunked), 1000):
+            result = await session.execute(
+                select(RolloutDevice, Rollout.model)
+                .join(Rollout)
+                .where(
+                    RolloutDevice.device_id.in_(chunked[start : start + 1000]),
+                    RolloutDevice.state == "reverting",
+                )
+            )
+            for rd, model in result.tuples():
+                out.setdefault((rd.device_id, model), []).append(rd)
+        return out
+
+    async def _apply_event(
+        self,
+        session: AsyncSession,
+        event: UpdateEvent,
+        prefetched: dict[tuple[int, str], RolloutDevice],
+        reverting: dict[tuple[str, str], list[RolloutDevice]],
+    ) -> int | None:
         state, now = event.state.value, datetime.now(UTC)
         if event.rollout_id and event.rollout_id.startswith("rollout-"):
-            rollout_id = int(event.rollout_id.removeprefix("rollout-"))
-            rd = (
-                await session.execute(
-                    select(RolloutDevice).where(
-                        RolloutDevice.rollout_id == rollout_id,
-                        RolloutDevice.device_id == event.device_id,
-                    )
-                )
-            ).scalar_one_or_none()
+            try:
+                rollout_id = int(event.rollout_id.removeprefix("rollout-"))
+            except ValueError:
+                return None
+            rd = prefetched.get((rollout_id, event.device_id))
             if rd is None or state not in ("committed", "rejected", "rolled_back"):
                 return None
             reason = f"{event.code}: {event.reason}" if event.code else ""
@@ -344,21 +397,11 @@ class RolloutEngine:
             "fleet_command",
             "nothing_to_roll_back",
         ):
-            rows = (
-                (
-                    await session.execute(
-                        select(RolloutDevice)
-                        .join(Rollout)
-                        .where(
-                            RolloutDevice.device_id == event.device_id,
-                            RolloutDevice.state == "reverting",
-                            Rollout.model == event.model,
-                        )
-                    )
-                )
-                .scalars()
-                .all()
-            )
+            rows = [
+                rd
+                for rd in reverting.get((event.device_id, event.model), [])
+                if rd.state == "reverting"
+            ]
             for rd in rows:
                 rd.state, rd.reason, rd.updated_at = (
                     "reverted",
@@ -393,19 +436,17 @@ class RolloutEngine:
         waiting = [d for d in rollout.devices if d.state in ("sent", "reverting")]
         if not waiting:
             return
-        devices = {
-            d.id: d
-            for d in (
-                await session.execute(
-                    select(Device).where(Device.id.in_([w.device_id for w in waiting]))
-                )
-            ).scalars()
-        }
+        # Only the column read here: whole Device rows would decode every desired state too,
+        # on every step of a rollout over thousands of devices.
+        rows = await session.execute(
+            select(Device.id, Device.models).where(Device.id.in_([w.device_id for w in waiting]))
+        )
+        reported: dict[str, list[Any]] = {device_id: models for device_id, models in rows}
         for rd in waiting:
-            device = devices.get(rd.device_id)
-            if device is None:
+            models = reported.get(rd.device_id)
+            if models is None:
                 continue
-            served = {(m["model"], m["version"]): m.get("sequence") for m in device.models}
+            served = {(m["model"], m["version"]): m.get("sequence") for m in models}
             if (
                 rd.state == "sent"
                 and served.get((rollout.model, rollout.version)) == rollout.sequence
@@ -424,8 +465,10 @@ class RolloutEngine:
         gates = Gates.model_validate(rollout.gates)
         wave_devices = [d for d in rollout.devices if d.wave == rollout.current_wave]
         if rollout.wave_started_at is None:
+            loaded = await _load_devices(session, [rd.device_id for rd in wave_devices])
             for rd in wave_devices:
                 await self._send(session, rollout, rd, now)
+            del loaded
             rollout.wave_started_at = now
             log.info(
                 "wave started",
@@ -545,7 +588,8 @@ class RolloutEngine:
         if device is None:
             rd.state, rd.reason = "timed_out", "device no longer in the inventory"
             return
-        device.desired = {**device.desired, rollout.model: rollout.manifest}
+        signed = self.keys.sign({**rollout.manifest, "target": {"device_ids": [device.id]}})
+        device.desired = {**device.desired, rollout.model: signed}
         rd.state, rd.sent_at, rd.updated_at = "sent", now, now
         self._publish_desired(device)
 
@@ -556,6 +600,8 @@ class RolloutEngine:
 
     async def _roll_back(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
         timeout = timedelta(seconds=rollout.device_timeout_s)
+        restore = [rd.device_id for rd in rollout.devices if rd.state in ("sent", "committed")]
+        loaded = await _load_devices(session, restore)  # noqa: F841 (kept while used)
         for rd in rollout.devices:
             if rd.state == "pending":
                 rd.state, rd.reason = "skipped", "not reached before the rollback"
@@ -614,6 +660,17 @@ class RolloutEngine:
                 ).isoformat(),
             }
         )
+
+
+async def _load_devices(session: AsyncSession, device_ids: list[str]) -> list[Device]:
+    """Load these devices into the session in a few queries, so the ``session.get`` per device
+    that follows finds them there instead of asking the database once per device. (The
+    session's identity map holds objects weakly: keep the list while they are used.)"""
+    devices: list[Device] = []
+    for start in range(0, len(device_ids), 1000):
+        chunk = device_ids[start : start + 1000]
+        devices += (await session.execute(select(Device).where(Device.id.in_(chunk)))).scalars()
+    return devices
 
 
 async def _window(

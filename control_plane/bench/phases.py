@@ -118,6 +118,20 @@ def bare_rate(fleet: Fleet, duration_s: float) -> dict[str, Any]:
     }
 
 
+def settle(fleet: Fleet, timeout_s: float = 120) -> tuple[int, int]:
+    """With telemetry stopped, wait until the rows stored stop growing (the previous step's
+    backlog and the baseline telemetry are written); return (rows stored, messages sent)."""
+    last = (-1, -1)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        now = (fleet.stored_telemetry(), fleet.stats()["sent"].get("edgefleet", 0))
+        if now == last:
+            return now
+        last = now
+        time.sleep(1.0)
+    return last
+
+
 def ingest_step(
     fleet: Fleet, rate_per_s: float, duration_s: float, drain_s: float
 ) -> dict[str, Any]:
