@@ -4,7 +4,8 @@ An upgrade is judged while it is under way (some pods still run an older revisio
 ``agent_upgrade_window_s`` after its revision appeared. It fails when a pod of the new revision
 restarts more than ``agent_max_restarts`` times, or is still not ready
 ``agent_ready_deadline_s`` after it was created (crash loops, an image that does not pull,
-models that no longer load: the readiness probe is the agent's /v2/health/ready).
+models that no longer load: the readiness probe is the agent's /v2/health/ready). Pods their
+node never reported on (no container statuses: an offline edge node) are not judged.
 
 The rollback is what ``kubectl rollout undo`` does: the DaemonSet's pod template becomes the
 previous ControllerRevision's. The failed revision's hash is recorded in an annotation so it
@@ -129,6 +130,10 @@ class AgentDaemonSetGuard:
             name = pod["metadata"]["name"]
             pod_status = pod.get("status") or {}
             containers = pod_status.get("containerStatuses") or []
+            if not containers:
+                # its node never reported on it: an edge node that is offline (KubeEdge) or
+                # still pulling is not the new revision's fault
+                continue
             restarts = max((int(c.get("restartCount", 0)) for c in containers), default=0)
             if restarts > self.max_restarts:
                 return f"pod {name} restarted {restarts} times (limit {self.max_restarts})"

@@ -78,6 +78,16 @@ def pod(
     }
 
 
+def offline_pod() -> dict[str, Any]:
+    """Created by the DaemonSet controller for a node that has not come back since."""
+    created = pod("edgefleet-agent-a", V2, ago=timedelta(minutes=30), ready=False)
+    created["status"] = {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "True"}],
+    }
+    return created
+
+
 def cluster(
     *pods: dict[str, Any],
     updated: int = 1,
@@ -192,6 +202,7 @@ def test_healthy_or_young_upgrades_are_left_alone_fake_k8s_api() -> None:
             pod("edgefleet-agent-a", V2, ago=timedelta(minutes=15), ready=True),
             pod("edgefleet-agent-b", V1, ago=timedelta(days=30), ready=False, restarts=40),
         ),
+        "on an offline node": cluster(offline_pod(), *OLD_PODS),
         # done long ago: a pod failing now is the node's problem, not the upgrade's
         "settled": cluster(
             pod("edgefleet-agent-a", V2, ago=timedelta(days=2), ready=False, restarts=9),
