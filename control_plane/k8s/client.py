@@ -34,7 +34,12 @@ class InClusterKubeApi:
                 "kubernetes.enabled needs the kubernetes client: "
                 "pip install 'edgefleet[kubernetes]'"
             ) from exc
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException as exc:
+            raise RuntimeError(
+                f"kubernetes.enabled needs in-cluster credentials (a pod's service account): {exc}"
+            ) from exc
         self._exceptions = client.exceptions
         self._client = client.ApiClient()
         self._custom = client.CustomObjectsApi(self._client)
