@@ -1,0 +1,68 @@
+"""Corrupt model files on disk at start-up, on a real agent process with its fleet client on:
+a torn write (a TFLite file cut in half) and bit rot (a block of an ONNX model's weights
+overwritten, so it still parses). Each of those models is reported failed, with the reason, in
+its readiness, the repository index, the logs and the device's status topic; the healthy model
+serves. (A file of garbage bytes on the in-thread agent: tests/agent/test_lifecycle.py.)"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.agent.process import agent_process
+from tests.agent.server import copy_models, wait_until
+from tests.faults.burst import BODY
+from tests.fleet.publisher import Fleet
+from tests.fleet.test_faults import _process_config
+from tests.mqtt_broker import Mosquitto
+
+pytestmark = pytest.mark.slow
+
+
+def test_corrupt_models_at_start_up_are_reported_failed_and_the_healthy_one_serves(
+    fleet: Fleet, broker: Mosquitto, example_repo: Path, tmp_path: Path
+) -> None:
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp", "mlp_tflite")
+    torn = repo / "mlp_tflite/1/model.tflite"
+    torn.write_bytes(torn.read_bytes()[: torn.stat().st_size // 2])
+    shutil.copytree(repo / "mlp", repo / "mlp_rot")
+    rotten = repo / "mlp_rot/1/model.onnx"
+    data = bytearray(rotten.read_bytes())
+    middle = len(data) // 2  # inside the weights: the file still parses
+    data[middle : middle + 65536] = b"\x41" * 65536
+    rotten.write_bytes(bytes(data))
+    config = _process_config(tmp_path, fleet, broker, repo)
+    with (
+        agent_process("--config", str(config)) as agent,
+        httpx.Client(base_url=agent.address, timeout=60) as client,
+    ):
+        wait_until(
+            lambda: "start-up load finished" in agent.log_messages(), what="the start-up load"
+        )
+        assert client.post("/v2/models/mlp/infer", json=BODY).status_code == 200
+        assert client.get("/v2/models/mlp/ready").status_code == 200
+        index = {r["name"]: r for r in client.get("/v2/repository/index").json()}
+        assert index["mlp"]["state"] == "READY"
+        for name in ("mlp_tflite", "mlp_rot"):
+            assert client.get(f"/v2/models/{name}/ready").status_code == 503
+            assert index[name]["state"] == "UNAVAILABLE" and index[name]["reason"], index[name]
+        assert "self-test failed" in index["mlp_rot"]["reason"]
+        resp = client.post("/v2/models/mlp_rot/infer", json=BODY)
+        assert resp.status_code == 503 and "self-test failed" in resp.text
+        # strict readiness (the default): the device is not ready while a model is failed
+        assert client.get("/v2/health/ready").status_code == 503
+        failed = {
+            r.get("model"): r.get("reason")
+            for r in agent.logs
+            if r.get("message") == "version failed to load"
+        }
+        assert set(failed) == {"mlp_tflite", "mlp_rot"}, failed
+        # the fleet sees what the device serves: only the healthy model
+        status = fleet.wait(
+            lambda: [s for s in fleet.statuses("dev-k") if s.online and s.models],
+            what="the device's status",
+        )[-1]
+        assert [(m.model, m.version) for m in status.models] == [("mlp", 1)]
