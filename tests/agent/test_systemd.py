@@ -80,7 +80,15 @@ def test_agent_serves_when_the_notify_socket_is_gone(example_repo: Path, tmp_pat
     repo = copy_models(example_repo, tmp_path / "repo", "mlp")
     env = {"NOTIFY_SOCKET": str(tmp_path / "nobody-listens"), "WATCHDOG_USEC": "400000"}
     with agent_process("--model-repository", str(repo), "--port", "0", env=env) as agent:
-        wait_until(lambda: "sd_notify failed" in agent.log_messages(), what="a failed notify")
+
+        def failed(message: str) -> bool:
+            return any(
+                line.get("message") == "sd_notify failed" and message in str(line.get("sent"))
+                for line in agent.logs
+            )
+
+        wait_until(lambda: failed("READY=1"), what="a failed READY=1")
+        wait_until(lambda: failed("WATCHDOG=1"), what="a failed WATCHDOG=1")
         resp = httpx.post(
             f"{agent.address}/v1/models/mlp:predict", json={"instances": [[0.0] * 256]}
         )
