@@ -1,8 +1,9 @@
 """What devices publish, into the database: presence, telemetry, update events.
 
-Telemetry and events are queued and written in batches (one transaction per batch, duplicates
-ignored by their natural keys), so ingest keeps up with thousands of devices; presence is
-rare and written as it comes.
+Telemetry, events and presence (birth and will messages) are queued and written in batches
+(one transaction per batch, in arrival order, duplicates ignored by their natural keys), so
+ingest keeps up with thousands of devices, and a rollout's thousands of status changes do not
+cost a commit each.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import BigInteger, Integer, String, Table, bindparam, update
+from sqlalchemy import BigInteger, Integer, String, Table, bindparam, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError
@@ -67,12 +68,12 @@ class Ingestor:
     # -- entry points (called by the MQTT adapter) ----------------------------------------
 
     def reject(self, topic: str, code: str, device_id: str, reason: str) -> None:
-        """Count and log a device message that is not acted on."""
-        self.metrics.rejected(topic, code)
+        """Log and count a device message that is not acted on."""
         log.warning(
             "device message rejected",
             extra={"topic": topic, "code": code, "device_id": device_id, "reason": reason},
         )
+        self.metrics.rejected(topic, code)
 
     def _parse(self, leaf: str, kind: type[M], device_id: str, payload: bytes) -> M | None:
         try:
@@ -108,32 +109,9 @@ class Ingestor:
             [{"hardware_profile": status.hardware_profile, "agent_version": status.agent_version}],
         ):
             return
-        now = datetime.now(UTC)
-        was_online = False
-
-        async def store() -> None:
-            nonlocal was_online
-            async with self.sessions.begin() as session:
-                device = await session.get(Device, device_id)
-                if device is None:
-                    device = Device(
-                        id=device_id, operator_labels={}, desired={}, reported_labels={}, models=[]
-                    )
-                    session.add(device)
-                was_online = device.online
-                device.online = status.online
-                device.last_seen = now
-                if status.online:  # the last will carries no details: keep what the birth said
-                    device.hardware_profile = status.hardware_profile
-                    device.agent_version = status.agent_version
-                    device.reported_labels = dict(status.labels)
-                    device.models = [m.model_dump() for m in status.models]
-
-        await self._retrying("status", store)
-        self.metrics.set_online(device_id, status.online)
-        if status.online and not was_online:
-            for callback in self.on_device_online:
-                await callback(device_id)
+        # Written with the next batch, in order with the device's events: one transaction per
+        # status would make a rollout to N devices wait for N commits in the receive loop.
+        await self._queue.put(("status", status))
 
     async def telemetry(self, device_id: str, payload: bytes) -> None:
         message = self._parse("telemetry", Telemetry, device_id, payload)
@@ -229,17 +207,24 @@ class Ingestor:
         samples: list[dict[str, Any]] = []
         devices: list[dict[str, Any]] = []
         events: list[UpdateEvent] = []
+        statuses: list[DeviceStatus] = []
         seen: dict[str, datetime] = {}
         for kind, message in batch:
             if kind == "event":
                 events.append(message)
+                continue
+            if kind == "status":
+                statuses.append(message)
                 continue
             t: Telemetry = message
             seen[t.device_id] = max(seen.get(t.device_id, t.time), t.time)
             device_row, sample_rows = telemetry_rows(t)
             devices.append(device_row)
             samples.extend(sample_rows)
+        came_online: list[str] = []
         async with self.sessions.begin() as session:
+            if statuses:
+                came_online = await self._presence(session, statuses)
             await insert_ignore(session, DeviceSample.__table__, devices)
             await insert_ignore(session, TelemetrySample.__table__, samples)
             await insert_ignore(
@@ -257,6 +242,49 @@ class Ingestor:
                 )
         self.stored += len(batch)
         self.metrics.ingested(samples, len(devices), len(events))
+        for status in statuses:
+            self.metrics.set_online(status.device_id, status.online)
+        for device_id in came_online:
+            for callback in self.on_device_online:
+                await callback(device_id)
+
+    @staticmethod
+    async def _presence(session: AsyncSession, statuses: list[DeviceStatus]) -> list[str]:
+        """Apply birth and will messages in order; return the devices that came online."""
+        ids = sorted({s.device_id for s in statuses})
+        known: dict[str, Device] = {}
+        for start in range(0, len(ids), 1000):
+            rows = await session.execute(
+                select(Device).where(Device.id.in_(ids[start : start + 1000]))
+            )
+            known |= {d.id: d for d in rows.scalars()}
+        now = datetime.now(UTC)
+        came_online: list[str] = []
+        for status in statuses:
+            device = known.get(status.device_id)
+            if device is None:
+                device = Device(
+                    id=status.device_id,
+                    operator_labels={},
+                    desired={},
+                    reported_labels={},
+                    models=[],
+                    online=False,
+                )
+                session.add(device)
+                known[status.device_id] = device
+            if status.online and not device.online:
+                came_online.append(status.device_id)
+            elif not status.online and status.device_id in came_online:
+                came_online.remove(status.device_id)
+            device.online = status.online
+            device.last_seen = now
+            if status.online:  # the last will carries no details: keep what the birth said
+                device.hardware_profile = status.hardware_profile
+                device.agent_version = status.agent_version
+                device.reported_labels = dict(status.labels)
+                device.models = [m.model_dump() for m in status.models]
+        return came_online
 
 
 def telemetry_rows(t: Telemetry) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -312,23 +340,34 @@ COUNTS = frozenset({"requests", "errors", "rows", "batches", "queue_depth", "dro
 """Columns that only count up: a negative value would also fail the fleet's Prometheus counters."""
 
 
+@functools.cache
+def _limits(table: Any) -> dict[str, tuple[int | None, int | None, str]]:
+    """Per column: (integer bound, string length, type name), read once per table (looking
+    columns up per value cost more than parsing the message)."""
+    out: dict[str, tuple[int | None, int | None, str]] = {}
+    for column in table.c:
+        column_type = column.type
+        length = column_type.length if isinstance(column_type, String) else None
+        out[column.name] = (INT_BOUNDS.get(type(column_type)), length, type(column_type).__name__)
+    return out
+
+
 def unstorable(table: Any, rows: list[dict[str, Any]]) -> str | None:
     """Why one of these rows cannot be stored (an integer beyond its column, a negative count, a
     string longer than its column, a NaN or infinity where SQLite stores NULL), else None."""
+    limits = _limits(table)
     for row in rows:
         for name, value in row.items():
-            column_type = table.c[name].type
             if value is None:
                 continue
+            bound, length, type_name = limits[name]
             if isinstance(value, int) and not isinstance(value, bool):
-                bound = INT_BOUNDS.get(type(column_type))
                 if bound is not None and not -bound <= value < bound:
-                    return f"{name}: {value} does not fit a {type(column_type).__name__} column"
+                    return f"{name}: {value} does not fit a {type_name} column"
                 if name in COUNTS and value < 0:
                     return f"{name}: {value} is negative"
             elif isinstance(value, float) and not math.isfinite(value):
                 return f"{name}: {value} is not a finite number"
-            elif isinstance(value, str) and isinstance(column_type, String):
-                if column_type.length is not None and len(value) > column_type.length:
-                    return f"{name}: {len(value)} characters, at most {column_type.length}"
+            elif isinstance(value, str) and length is not None and len(value) > length:
+                return f"{name}: {len(value)} characters, at most {length}"
     return None

@@ -19,6 +19,7 @@ from tests.access.metrics import counts, value
 from tests.access.mqtt_client import ProbeClient
 from tests.agent.server import wait_until
 from tests.control_plane.conftest import ControlPlaneFactory
+from tests.control_plane.test_rollouts import wait_devices
 from tests.mqtt_broker import Mosquitto
 
 LIMIT = 64 * 1024
@@ -107,8 +108,8 @@ def test_garbage_on_every_control_plane_topic_is_refused_counted_and_logged(
 
             wait_until(lambda: telemetry_stored() >= len(bad), what="the valid telemetry")
             assert telemetry_stored() == len(bad)
-            devices = {d["id"]: d for d in cp.admin.get("/api/v1/devices").json()}
-            assert devices["dev-ok"]["online"] and "dev-x" not in devices
+            wait_devices(cp, "dev-ok")  # its birth message, published last
+            assert "dev-x" not in {d["id"] for d in cp.admin.get("/api/v1/devices").json()}
             assert cp.services.bus.connected.is_set()
             assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     finally:
