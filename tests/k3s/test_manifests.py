@@ -169,6 +169,7 @@ def test_settings_in_the_manifests_are_the_agent_and_control_plane_settings(
             profile = settings.profile
             assert profile == "auto" or (ROOT / "hardware_profiles" / f"{profile}.toml").is_file()
         else:
+            assert isinstance(settings, ControlPlaneSettings)
             assert settings.kubernetes.enabled
             assert settings.kubernetes.agent_daemonset == "edgefleet-agent"
             assert settings.mqtt_username == "control-plane"

@@ -39,7 +39,7 @@ class Client:
 
     def _on_message(self, client: mqtt.Client, userdata: object, msg: mqtt.MQTTMessage) -> None:
         with self._lock:
-            self.received.append((msg.topic, msg.payload))
+            self.received.append((msg.topic, bytes(msg.payload)))
 
     def topics(self) -> list[str]:
         with self._lock:

@@ -26,9 +26,9 @@ def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_bad_value_names_the_field() -> None:
     with pytest.raises(ValidationError, match=r"kubernetes\.status_interval_s"):
-        ControlPlaneSettings(kubernetes={"status_interval_s": 0})
+        ControlPlaneSettings.model_validate({"kubernetes": {"status_interval_s": 0}})
     with pytest.raises(ValidationError, match=r"kubernetes\.resync_seconds"):
-        ControlPlaneSettings(kubernetes={"resync_seconds": 10})
+        ControlPlaneSettings.model_validate({"kubernetes": {"resync_seconds": 10}})
 
 
 def test_the_control_plane_runs_without_the_kubernetes_client() -> None:
