@@ -374,9 +374,13 @@ class RolloutEngine:
             except ValueError:
                 return None
             rd = prefetched.get((rollout_id, event.device_id))
+            reason = f"{event.code}: {event.reason}" if event.code else ""
+            if rd is not None and reason and rd.state in ("pending", "sent"):
+                # a fault the device retries on its own (disk full, a download cut short):
+                # shown on the rollout while the device is at it, without moving its state
+                rd.reason, rd.updated_at = reason, now
             if rd is None or state not in ("committed", "rejected", "rolled_back"):
                 return None
-            reason = f"{event.code}: {event.reason}" if event.code else ""
             if rd.state == "reverting_pending":
                 if state == "committed":  # it got there after all: now it gets the command
                     rd.state, rd.sent_at, rd.reason = (

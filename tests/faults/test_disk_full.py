@@ -15,10 +15,12 @@ import pytest
 
 from agent.fleet.settings import FleetSettings
 from runtimes.examples.variants import mlp_version
-from tests.agent.server import serve
+from tests.agent.server import serve, wait_until
+from tests.control_plane.server import control_plane
+from tests.control_plane.test_rollouts import push, rollout, validate, wait_rollout
 from tests.fleet.publisher import Fleet
 from tests.fleet.test_updates import served
-from tests.mqtt_broker import Mosquitto
+from tests.mqtt_broker import Mosquitto, free_port
 
 pytestmark = pytest.mark.slow
 MIB = 2**20
@@ -95,28 +97,50 @@ def _device(
     )
 
 
-def test_disk_full_while_downloading_reports_it_keeps_serving_cleans_up_and_retries(
-    small_disk: SmallDisk, fleet: Fleet, broker: Mosquitto, example_repo: Path, tmp_path: Path
+def test_disk_full_while_downloading_is_shown_on_the_rollout_old_version_serves_and_retries(
+    small_disk: SmallDisk, broker: Mosquitto, example_repo: Path, tmp_path: Path
 ) -> None:
-    settings = _device(small_disk, fleet, broker, example_repo, tmp_path, 1 * MIB)
-    v2 = mlp_version(tmp_path / "v2", seed=2)  # a 5 MiB model file: it does not fit
-    with serve(small_disk.path, fleet=settings) as agent:
-        baseline = small_disk.used_bytes
-        fleet.publish_desired("dev-d", fleet.sign(fleet.manifest("mlp", 2, 1, v2)))
-        event = fleet.wait(
-            lambda: next((e for e in fleet.events("dev-d") if e.code == "disk_full"), None),
-            what="the disk_full report",
+    shutil.copytree(example_repo / "mlp", small_disk.path / "mlp")
+    (small_disk.path / ".staging").mkdir()
+    small_disk.resize(small_disk.used_bytes + 1 * MIB)  # the 5 MiB model file does not fit
+    db_url = f"sqlite+aiosqlite:///{tmp_path}/cp.db"
+    with control_plane(tmp_path / "cp", db_url, broker.url, free_port()) as cp:
+        settings = FleetSettings(
+            mqtt_url=broker.url,
+            device_id="dev-d",
+            labels={"site": "lab"},
+            state_dir=tmp_path / "state",
+            trust_root_file=cp.trust_root_file,
+            telemetry_interval_s=0.5,
+            reconnect_min_s=0.05,
+            reconnect_max_s=0.5,
         )
-        assert event.state.value == "downloading" and event.sequence == 1
-        assert event.reason and "no space left" in event.reason and "retrying" in event.reason
-        assert served(agent)[0] == "1"  # the old version keeps serving
-        assert not list((small_disk.path / ".staging").iterdir())  # the partial file is gone
-        assert not (small_disk.path / "mlp" / "2").exists()
-        assert small_disk.used_bytes <= baseline + 64 * 1024
-        assert agent.state.fleet is not None and agent.state.fleet.connected.is_set()
-        small_disk.resize(256 * MIB)  # the operator makes room; the retry needs nothing else
-        fleet.wait_event("dev-d", "committed", sequence=1)
-        assert served(agent)[0] == "2"
+        with serve(small_disk.path, fleet=settings) as agent:
+            baseline = small_disk.used_bytes
+            push(cp.admin, "mlp", 2, [(mlp_version(tmp_path / "v2", seed=2), [])])
+            assert validate(cp.admin, "mlp", 2)["passed"]
+            rollout_id = rollout(cp, 2, waves=["100%"], device_timeout_s=300)
+
+            def device_reason() -> str:
+                doc = cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()
+                return str(doc["devices"][0]["reason"] or "")
+
+            wait_until(
+                lambda: device_reason().startswith("disk_full:"),
+                timeout_s=60,
+                what="the disk_full report on the rollout",
+            )
+            reason = device_reason()
+            assert "no space left" in reason and "retrying" in reason, reason
+            assert served(agent)[0] == "1"  # the old version keeps serving
+            assert not list((small_disk.path / ".staging").iterdir())  # partial file removed
+            assert not (small_disk.path / "mlp" / "2").exists()
+            assert small_disk.used_bytes <= baseline + 64 * 1024
+            assert agent.state.fleet is not None and agent.state.fleet.connected.is_set()
+            small_disk.resize(256 * MIB)  # the operator makes room; the retry needs nothing else
+            doc = wait_rollout(cp, rollout_id, "succeeded", "failed", "rolled_back")
+            assert doc["state"] == "succeeded", doc
+            assert served(agent)[0] == "2"
     assert not list((small_disk.path / ".staging").iterdir())
 
 
