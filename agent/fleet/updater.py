@@ -163,6 +163,16 @@ class Updater:
         except ProtocolError as exc:
             if exc.code in TRANSIENT:
                 delay = self._retry_later(vm)
+                log.warning(
+                    "update deferred",
+                    extra={
+                        "model": m.model,
+                        "version": m.version,
+                        "code": exc.code.value,
+                        "reason": exc.message,
+                        "retry_in_s": delay,
+                    },
+                )
                 say(UpdateState.DOWNLOADING, exc.code, f"{exc.message}; retrying in {delay:.0f} s")
                 return
             ms.failed_sequence = m.sequence

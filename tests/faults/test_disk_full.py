@@ -98,7 +98,11 @@ def _device(
 
 
 def test_disk_full_while_downloading_is_shown_on_the_rollout_old_version_serves_and_retries(
-    small_disk: SmallDisk, broker: Mosquitto, example_repo: Path, tmp_path: Path
+    small_disk: SmallDisk,
+    broker: Mosquitto,
+    example_repo: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     shutil.copytree(example_repo / "mlp", small_disk.path / "mlp")
     (small_disk.path / ".staging").mkdir()
@@ -133,6 +137,8 @@ def test_disk_full_while_downloading_is_shown_on_the_rollout_old_version_serves_
             reason = device_reason()
             assert "no space left" in reason and "retrying" in reason, reason
             assert served(agent)[0] == "1"  # the old version keeps serving
+            deferred = [r for r in caplog.records if r.getMessage() == "update deferred"]
+            assert deferred and deferred[0].__dict__["code"] == "disk_full"  # the device's log
             assert not list((small_disk.path / ".staging").iterdir())  # partial file removed
             assert not (small_disk.path / "mlp" / "2").exists()
             assert small_disk.used_bytes <= baseline + 64 * 1024
