@@ -10,8 +10,11 @@ import marshal
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +22,8 @@ import pytest
 
 from agent import __version__
 from agent.settings import load_settings
+from tests.agent.server import copy_models
+from tests.agent.test_systemd import receive_until
 from tests.packaging.conftest import ROOT, Dist
 
 pytestmark = [
@@ -170,6 +175,45 @@ def test_unpacked_venv_runs_from_a_scratch_directory(package: Package, tmp_path:
     )
     code = marshal.loads(pyc.read_bytes()[16:])
     assert code.co_filename == f"/{VENV}/lib/python{python_minor()}/site-packages/agent/cli.py"
+
+
+def test_unpacked_agent_starts_as_the_unit_runs_it(
+    package: Package, example_repo: Path, tmp_path: Path
+) -> None:
+    """The unit's ExecStart (the shipped config, the venv's entry point) from the scratch copy,
+    with systemd's notify socket stood in for by a real one: READY=1, then STOPPING=1."""
+    venv = package.files / VENV
+    unit = (package.files / UNIT).read_text()
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    program, *args = exec_start.removeprefix("ExecStart=").split()
+    args = [str(package.files) + a if a.startswith("/etc/") else a for a in args]
+    repo = copy_models(example_repo, tmp_path / "models", "mlp")
+    # the config's paths under /var are the device's; here they point into the test's directory
+    env = {
+        **os.environ,
+        "EDGEFLEET_AGENT_MODEL_REPOSITORY": str(repo),
+        "EDGEFLEET_AGENT_RUNTIME__CACHE_DIR": str(tmp_path / "cache"),
+        "EDGEFLEET_AGENT_FLEET__STATE_DIR": str(tmp_path / "fleet"),
+        "EDGEFLEET_AGENT_PORT": "0",
+    }
+    with tempfile.TemporaryDirectory(prefix="sd-") as directory:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.bind(os.path.join(directory, "notify"))
+            sock.settimeout(120)  # an upper bound on each wait for the next datagram
+            env["NOTIFY_SOCKET"] = sock.getsockname()
+            command = [str(venv / "bin/python"), str(package.files) + program, *args]
+            proc = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.DEVNULL)
+            try:
+                seen: list[dict[str, str]] = []
+                ready = receive_until(sock, "READY", seen)
+                assert ready["STATUS"] == "ready: 1 of 1 models serving"
+                proc.send_signal(signal.SIGTERM)
+                assert receive_until(sock, "STOPPING", seen)["STOPPING"] == "1"
+                assert proc.wait(timeout=60) == 0
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=30)
 
 
 def test_unit_verifies_and_keeps_its_sandbox(package: Package, tmp_path: Path) -> None:
