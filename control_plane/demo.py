@@ -252,12 +252,11 @@ def _start_broker(
         "mqtt_password": service.password_file.read_text(),
     }
     port = _free_port()
-    conf = access.write_config(workdir / "broker", port=port, bind="127.0.0.1")
-    # Started as root, mosquitto would drop to the "mosquitto" user, who cannot read the
-    # password file (mode 0600): stay the user we are.
-    user = f"user {pwd.getpwuid(os.geteuid()).pw_name}\n" if os.geteuid() == 0 else ""
+    # Started as root, mosquitto would drop to the "mosquitto" user: stay the user we are.
+    owner = pwd.getpwuid(os.geteuid()).pw_name if os.geteuid() == 0 else None
+    conf = access.write_config(workdir / "broker", port=port, bind="127.0.0.1", owner=owner)
     verbose = "log_type all\n" if log_level == "DEBUG" else ""
-    conf.write_text(user + conf.read_text() + "log_dest stdout\n" + verbose)
+    conf.write_text(conf.read_text() + "log_dest stdout\n" + verbose)
     stack.enter_context(_process([mosquitto, "-c", str(conf)], workdir / "logs" / "mosquitto.log"))
     _wait("the broker", lambda: _port_open(port))
     return f"mqtt://127.0.0.1:{port}", credentials

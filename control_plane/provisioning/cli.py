@@ -76,6 +76,14 @@ def register_fleet(root: click.Group) -> None:
         help="DNS name or IP address of the broker, for its certificate (repeatable).",
     )
     @click.option("--topic-prefix", default="edgefleet", show_default=True)
+    @click.option(
+        "--owner",
+        help="The user the broker runs as (its `user` setting, e.g. mosquitto): the files are "
+        "handed to it, since Mosquitto reads them after dropping root.",
+    )
+    @click.option(
+        "--dashboard", is_flag=True, help="Also a read-only user for dashboards (device reports)."
+    )
     @STATE_DIR
     def mosquitto_config(
         out: Path,
@@ -84,16 +92,26 @@ def register_fleet(root: click.Group) -> None:
         tls: bool,
         server_names: tuple[str, ...],
         topic_prefix: str,
+        owner: str | None,
+        dashboard: bool,
         state_dir: Path,
     ) -> None:
         """Write mosquitto.conf, the ACL and the password file (or, with --tls, the CA, the
         broker certificate and the CRL) for every device issued so far."""
         from agent.protocol.topics import Topics
-        from control_plane.provisioning.acl import CONTROL_PLANE_USER
+        from control_plane.provisioning.acl import CONTROL_PLANE_USER, DASHBOARD_USER
         from control_plane.provisioning.mosquitto import FleetAccess
 
         access = FleetAccess(state_dir, Topics(topic_prefix))
-        conf = access.write_config(out, port=port, bind=bind, tls=tls, server_names=server_names)
+        if dashboard:
+            reader = access.service(DASHBOARD_USER, tls=tls)
+            click.echo(f"dashboard: username {reader.user!r}, password in {reader.password_file}")
+        try:
+            conf = access.write_config(
+                out, port=port, bind=bind, tls=tls, server_names=server_names, owner=owner
+            )
+        except (KeyError, PermissionError) as exc:  # no such user; chown needs root
+            raise click.ClickException(f"--owner {owner}: {exc}") from exc
         service = access.service(CONTROL_PLANE_USER, tls=tls)
         click.echo(f"wrote {conf}")
         click.echo(

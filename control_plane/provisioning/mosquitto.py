@@ -13,6 +13,8 @@ the CRL (mutual TLS, the username being the certificate's common name).
 
 from __future__ import annotations
 
+import os
+import pwd
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,8 +120,16 @@ class FleetAccess:
         bind: str = "0.0.0.0",
         tls: bool = False,
         server_names: tuple[str, ...] = ("localhost", "127.0.0.1"),
+        owner: str | None = None,
     ) -> Path:
-        """Write the broker's directory; return the path of its mosquitto.conf."""
+        """Write the broker's directory; return the path of its mosquitto.conf.
+
+        Args:
+            owner: the user Mosquitto runs as. Started as root, Mosquitto drops to that user
+                (``user`` in the config, default ``mosquitto``) before it reads the password
+                file, so the files are handed to it (they stay mode 0600).
+        """
+        out = out.resolve()  # mosquitto resolves relative paths against its own cwd
         out.mkdir(parents=True, exist_ok=True)
         self.service(CONTROL_PLANE_USER, tls=tls)
         write_atomically(out / "acl", render_acl(self.topics).encode())
@@ -131,9 +141,13 @@ class FleetAccess:
         else:
             self.passwords.save(out / "passwd")
         conf = out / "mosquitto.conf"
-        write_atomically(
-            conf, (f"listener {port} {bind}\n" + self.listener_options(out, tls=tls)).encode()
-        )
+        head = f"user {owner}\n" if owner else ""
+        text = head + f"listener {port} {bind}\n" + self.listener_options(out, tls=tls)
+        write_atomically(conf, text.encode())
+        if owner:
+            account = pwd.getpwnam(owner)
+            for path in out.iterdir():
+                os.chown(path, account.pw_uid, account.pw_gid)
         return conf
 
 
