@@ -118,17 +118,25 @@ def bare_rate(fleet: Fleet, duration_s: float) -> dict[str, Any]:
     }
 
 
+def _totals(fleet: Fleet) -> tuple[int, int]:
+    """(telemetry rows stored, telemetry messages sent) over the whole run: the database
+    holds only this run's telemetry, so the two are equal when nothing is lost."""
+    sent = fleet.stats()["sent"].get("edgefleet", 0)
+    return fleet.stored_telemetry(), sent
+
+
 def settle(fleet: Fleet, timeout_s: float = 120) -> tuple[int, int]:
-    """With telemetry stopped, wait until the rows stored stop growing (the previous step's
-    backlog and the baseline telemetry are written); return (rows stored, messages sent)."""
-    last = (-1, -1)
+    """With telemetry stopped, wait until every message sent so far is stored, or, if some
+    never will be, until the count stops moving for 5 s; return the totals."""
+    last, since = _totals(fleet), time.monotonic()
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        now = (fleet.stored_telemetry(), fleet.stats()["sent"].get("edgefleet", 0))
-        if now == last:
-            return now
-        last = now
-        time.sleep(1.0)
+    while last[0] != last[1] and time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = _totals(fleet)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since > 5.0:
+            break
     return last
 
 
@@ -136,8 +144,10 @@ def ingest_step(
     fleet: Fleet, rate_per_s: float, duration_s: float, drain_s: float
 ) -> dict[str, Any]:
     """Offer ``rate_per_s`` telemetry messages for ``duration_s``; the step passes when every
-    message sent is stored within ``drain_s`` after the last one (the control plane kept up)."""
-    rows0, sent0 = fleet.stored_telemetry(), fleet.stats()["sent"].get("edgefleet", 0)
+    message sent in the whole run is stored within ``drain_s`` after the last one (the
+    control plane kept up, nothing lost)."""
+    fleet.set_rate(0)
+    rows0, sent0 = settle(fleet)
     phase = fleet.monitor.start_phase()
     t0 = time.monotonic()
     fleet.set_rate(rate_per_s)
@@ -146,20 +156,19 @@ def ingest_step(
     t_end = time.monotonic()
     rows_at_end = fleet.stored_telemetry() - rows0
     resources = fleet.monitor.end_phase(phase)
-    sent = fleet.stats()["sent"].get("edgefleet", 0) - sent0
+    stored, sent = _totals(fleet)
     deadline = time.monotonic() + max(30.0, 2 * duration_s)
-    stored = rows_at_end
     while stored < sent and time.monotonic() < deadline:
         time.sleep(0.1)
-        stored = fleet.stored_telemetry() - rows0
+        stored, sent = _totals(fleet)
     drained_s = time.monotonic() - t_end
     return {
         "offered_per_s": rate_per_s,
-        "sent_per_s": round(sent / (t_end - t0), 1),
+        "sent_per_s": round((sent - sent0) / (t_end - t0), 1),
         "stored_per_s_during": round(rows_at_end / (t_end - t0), 1),
-        "sent": sent,
-        "stored": stored,
-        "lost": sent - stored,
+        "sent": sent - sent0,
+        "stored": stored - rows0,
+        "lost_in_run": sent - stored,
         "drain_s": round(drained_s, 2),
         "passed": stored == sent and drained_s <= drain_s,
         "resources": resources,

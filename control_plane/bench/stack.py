@@ -4,6 +4,7 @@ started it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -69,6 +70,10 @@ def process(
         try:
             yield proc
         finally:
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:

@@ -73,8 +73,7 @@ def test_every_telemetry_message_sent_is_stored(fleet: Fleet) -> None:
     step = phases.ingest_step(fleet, rate_per_s=200, duration_s=2.0, drain_s=60.0)
 
     assert step["sent"] > 0
-    assert step["stored"] == step["sent"]
-    assert step["lost"] == 0
+    assert step["lost_in_run"] == 0  # every telemetry message of the run, not just this step
 
 
 def test_the_bare_subscriber_counts_everything_the_broker_delivers(fleet: Fleet) -> None:
