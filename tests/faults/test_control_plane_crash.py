@@ -97,7 +97,7 @@ def _rollout_state_on_disk(db: Path, rollout_id: int) -> str:
 
 
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,  # a SIGKILL that lands between two batches loses nothing
     reason="known gap (docs/operations.md): the control plane acknowledges a device message to "
     "the broker when it receives it, not once it is stored, so the messages of the last ingest "
     "batch (up to ingest_max_delay_s) die with a SIGKILLed control plane",
