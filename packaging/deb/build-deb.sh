@@ -53,7 +53,7 @@ venv="$root/opt/edgefleet/venv"
 # is upgraded as a whole, never with pip inside it.
 "$python" -m venv --without-pip "$venv"
 spec="$wheel"
-[ -n "$extras" ] && spec="$wheel[$extras]"
+[ -n "$extras" ] && spec="${wheel}[${extras}]"
 # shellcheck disable=SC2086  # $pip may be a command with arguments ("python3 -m pip")
 $pip --python "$venv/bin/python" install --quiet --no-compile --no-warn-script-location \
     "${pip_args[@]}" "$spec"
