@@ -114,3 +114,39 @@ def test_garbage_on_every_agent_topic_is_refused_counted_and_logged(
         # every refusal was also reported to the fleet, with its code
         reported = Counter(e.code for e in fleet.events("dev-1") if e.state.value == "rejected")
         assert reported == Counter(code for _, code in expected.elements())
+
+
+def test_a_replayed_command_runs_once(
+    fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
+) -> None:
+    """A malicious broker (or a QoS 1 redelivery) hands the same signed rollback over again
+    before it expires: the device executes it once, across a restart too."""
+    with fleet_agent() as agent:
+        for version, seq in ((2, 1), (3, 2)):
+            manifest = fleet.manifest(
+                "mlp", version, seq, mlp_version(tmp_path / f"v{version}", seed=version)
+            )
+            fleet.publish_desired("dev-1", fleet.sign(manifest))
+            fleet.wait_event("dev-1", "committed", sequence=seq)
+        command = _command(fleet, "dev-1")
+        fleet.publish_raw(fleet.topics.commands("dev-1"), command)
+        assert fleet.wait_event("dev-1", "rolled_back").version == 2
+        assert served(agent)[0] == "2"
+        fleet.publish_raw(fleet.topics.commands("dev-1"), command)  # the replay
+        # a marker behind it on the same topic: once it is refused, the replay was handled
+        fleet.publish_raw(fleet.topics.commands("dev-1"), b"marker")
+        fleet.wait(
+            lambda: [e for e in fleet.events("dev-1") if e.code == "malformed"], what="the marker"
+        )
+    with fleet_agent(repo=tmp_path / "repo-dev-1") as agent:  # command ids are kept on disk
+        fleet.publish_raw(fleet.topics.commands("dev-1"), command)
+        fleet.publish_raw(fleet.topics.commands("dev-1"), b"marker")
+        fleet.wait(
+            lambda: len([e for e in fleet.events("dev-1") if e.code == "malformed"]) == 2,
+            what="the marker",
+        )
+        assert served(agent)[0] == "2"
+    states = [
+        e.state.value for e in fleet.events("dev-1") if e.state.value in ("rolled_back", "rejected")
+    ]
+    assert states == ["rolled_back", "rejected", "rejected"]  # one rollback, then the two markers
