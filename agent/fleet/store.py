@@ -11,6 +11,7 @@ point leaves the last committed version in place and served after a restart.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -45,8 +46,9 @@ class ModelStore:
         return self.repository / model / str(version)
 
     def installed(self, model: str, version: int, files: list[FileRef]) -> bool:
-        """The version is on disk with exactly these files (a retry after a crash, or a
-        roll-forward to a version kept on disk).
+        """The version is on disk with exactly these files, intact (a retry after a crash, or
+        a roll-forward to a version kept on disk). A version whose files no longer match their
+        digests (bit rot, a torn write) is removed, to be downloaded again. Blocking: hashes.
 
         Raises:
             ProtocolError: the version exists with different files; versions are immutable.
@@ -63,6 +65,9 @@ class ModelStore:
                 f"version {version} of {model} is already on disk with other files; "
                 "versions are immutable, publish a new version number",
             )
+        if not all(_intact(target / f.name, f) for f in files):
+            shutil.rmtree(target, ignore_errors=True)
+            return False
         return True
 
     def install(
@@ -131,3 +136,13 @@ def _link_or_copy(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:
         shutil.copyfile(source, target)
+
+
+def _intact(path: Path, ref: FileRef) -> bool:
+    if not path.is_file() or path.stat().st_size != ref.size:
+        return False
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest() == ref.sha256

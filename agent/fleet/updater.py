@@ -223,7 +223,7 @@ class Updater:
     ) -> Path:
         m = vm.manifest
         refs = list(vm.variant.files) + ([m.golden] if m.golden else [])
-        if self.store.installed(m.model, m.version, refs):
+        if await asyncio.to_thread(self.store.installed, m.model, m.version, refs):
             return self.store.version_dir(m.model, m.version)
         total = sum(r.size for r in refs) or 1
         done = 0

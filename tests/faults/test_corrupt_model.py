@@ -2,21 +2,26 @@
 a torn write (a TFLite file cut in half) and bit rot (a block of an ONNX model's weights
 overwritten, so it still parses). Each of those models is reported failed, with the reason, in
 its readiness, the repository index, the logs and the device's status topic; the healthy model
-serves. (A file of garbage bytes on the in-thread agent: tests/agent/test_lifecycle.py.)"""
+serves. A fleet-installed version that rotted is downloaded again when rolled out again.
+(A file of garbage bytes on the in-thread agent: tests/agent/test_lifecycle.py.)"""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
 import httpx
 import pytest
 
+from agent.fleet.settings import FleetSettings
+from runtimes.examples.variants import mlp_version
 from tests.agent.process import agent_process
-from tests.agent.server import copy_models, wait_until
+from tests.agent.server import copy_models, serve, wait_until
 from tests.faults.burst import BODY
 from tests.fleet.publisher import Fleet
 from tests.fleet.test_faults import _process_config
+from tests.fleet.test_updates import served
 from tests.mqtt_broker import Mosquitto
 
 pytestmark = pytest.mark.slow
@@ -66,3 +71,40 @@ def test_corrupt_models_at_start_up_are_reported_failed_and_the_healthy_one_serv
             what="the device's status",
         )[-1]
         assert [(m.model, m.version) for m in status.models] == [("mlp", 1)]
+
+
+def test_a_rotten_fleet_installed_version_is_downloaded_again_when_rolled_out_again(
+    fleet: Fleet, broker: Mosquitto, example_repo: Path, tmp_path: Path
+) -> None:
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    settings = FleetSettings(
+        mqtt_url=broker.url,
+        device_id="dev-c",
+        state_dir=tmp_path / "state",
+        trust_root_file=fleet.write_trust_root(tmp_path / "trust.json"),
+        telemetry_interval_s=0.5,
+        reconnect_min_s=0.05,
+        reconnect_max_s=0.5,
+    )
+    v2 = mlp_version(tmp_path / "v2", seed=2)
+    fleet.publish_desired("dev-c", fleet.sign(fleet.manifest("mlp", 2, 1, v2)))
+    with serve(repo, fleet=settings) as agent:
+        fleet.wait_event("dev-c", "committed", sequence=1)
+        assert served(agent)[0] == "2"
+    model_file = repo / "mlp/2/model.onnx"
+    data = bytearray(model_file.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 65536] = b"\x41" * 65536  # rot, still parses
+    model_file.write_bytes(bytes(data))
+    with serve(repo, fleet=settings) as agent:
+        index = {
+            (r["name"], r["version"]): r for r in agent.client.get("/v2/repository/index").json()
+        }
+        assert "self-test failed" in index[("mlp", "2")]["reason"]
+        assert agent.client.get("/v2/models/mlp/ready").status_code == 503
+        # the operator rolls the same version out again: a new sequence, the same files
+        fleet.publish_desired("dev-c", fleet.sign(fleet.manifest("mlp", 2, 2, v2)))
+        fleet.wait_event("dev-c", "committed", sequence=2)
+        assert served(agent)[0] == "2"
+    digest = hashlib.sha256((v2 / "model.onnx").read_bytes()).hexdigest()
+    fetched = [rng for d, rng in fleet.artifacts.requests if d == digest]
+    assert len(fetched) == 2 and fetched[1] is None, fetched  # downloaded again, in full
