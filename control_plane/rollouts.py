@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -67,7 +68,7 @@ class RolloutSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str
-    version: int
+    version: int = Field(ge=1, le=2**31 - 1)
     selector: dict[str, str] = Field(default_factory=dict)
     """Label selector: every label given must match (operator labels win over reported)."""
     profiles: list[str] = Field(default_factory=list)
@@ -135,6 +136,9 @@ class RolloutEngine:
         self.artifact_base_url = artifact_base_url
         self.tick_s = tick_s
         self._lock = asyncio.Lock()
+        self._dirty: set[int] = set()
+        """Rollouts that device events moved since their last step."""
+        self._wake = asyncio.Event()
 
     # -- operator actions -------------------------------------------------------------------
 
@@ -265,13 +269,28 @@ class RolloutEngine:
         for device in devices:  # (JSON has no equality operator in PostgreSQL: filter here)
             if device.desired:
                 self._publish_desired(device)
+        next_tick = time.monotonic()
         while True:
+            self._wake.clear()
+            dirty, self._dirty = self._dirty, set()
             try:
-                await self._tick()
+                if time.monotonic() >= next_tick:  # timers: bake times and device timeouts
+                    next_tick = time.monotonic() + self.tick_s
+                    await self._tick()
+                else:
+                    for rollout_id in sorted(dirty):
+                        await self._step_logged(rollout_id)
             except Exception:
                 # the database restarting must not end the loop: the next tick tries again
                 log.exception("rollout tick failed")
-            await asyncio.sleep(self.tick_s)  # timers: bake times and device timeouts
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.0, next_tick - time.monotonic()))
+
+    async def _step_logged(self, rollout_id: int) -> None:
+        try:
+            await self.step(rollout_id)
+        except Exception:
+            log.exception("rollout step failed", extra={"rollout": rollout_id})
 
     async def _tick(self) -> None:
         async with self.sessions() as session:
@@ -281,10 +300,7 @@ class RolloutEngine:
                 .all()
             )
         for rollout_id in ids:
-            try:
-                await self.step(rollout_id)
-            except Exception:
-                log.exception("rollout step failed", extra={"rollout": rollout_id})
+            await self._step_logged(rollout_id)
         await self._count_states()
 
     async def _count_states(self) -> None:
@@ -310,8 +326,11 @@ class RolloutEngine:
                 rollout_id = await self._apply_event(session, event, prefetched, reverting)
                 if rollout_id is not None:
                     touched.add(rollout_id)
-        for rollout_id in touched:
-            await self.step(rollout_id)
+        # The rollout loop steps them, once for all the events that arrive meanwhile: a step
+        # reads the whole rollout, and one per ingest batch held ingest up behind it.
+        if touched:
+            self._dirty |= touched
+            self._wake.set()
 
     async def _rows_for(
         self, session: AsyncSession, events: list[UpdateEvent]

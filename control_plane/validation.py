@@ -9,6 +9,7 @@ tolerance, and, when a labelled validation set was uploaded, its accuracy is not
 from __future__ import annotations
 
 import tempfile
+import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from control_plane.registry import ArtifactStore
 from runtimes.backends import BACKENDS, open_model
 from runtimes.base import Placement, Runtime
 from runtimes.datatypes import numpy_dtype
-from runtimes.errors import RuntimeFailure
+from runtimes.errors import ModelFileError, RuntimeFailure
 from runtimes.formats import find_model_file
 from runtimes.golden import GoldenSample
 from runtimes.inventory import probe_runtimes
@@ -56,7 +57,12 @@ def validate(
         checks.append({"check": name, "passed": passed, "detail": detail})
 
     inventory = probe_runtimes()
-    golden_sample = GoldenSample.load(store.path(golden["sha256"])) if golden else None
+    golden_sample = None
+    if golden:
+        try:
+            golden_sample = GoldenSample.load(store.path(golden["sha256"]))
+        except ModelFileError as exc:  # an upload is anything its uploader sent
+            check("golden sample is readable", False, str(exc))
     outputs: list[tuple[str, dict[str, np.ndarray]]] = []
     first: Runtime | None = None
     probe: dict[str, np.ndarray] | None = golden_sample.inputs if golden_sample else None
@@ -67,7 +73,11 @@ def validate(
                 continue
             directory = Path(scratch) / str(i)
             directory.mkdir()
-            model_file, fmt = find_model_file(store.materialise(variant["files"], directory))
+            try:
+                model_file, fmt = find_model_file(store.materialise(variant["files"], directory))
+            except RuntimeFailure as exc:
+                check(f"variant {i} ({variant['format']}) has a model file", False, str(exc))
+                continue
             runtimes = [n for n, cls in BACKENDS.items() if fmt in cls.formats]
             for runtime_name in runtimes:
                 label = f"variant {i} ({fmt.value}) on {runtime_name}"
@@ -109,7 +119,13 @@ def validate(
             check(f"{label} agrees with {ref_label}", agree, f"largest difference {worst:.3g}")
         accuracy = None
         if validation_data is not None and first is not None:
-            accuracy = _accuracy(first, store.path(validation_data["sha256"]))
+            try:
+                accuracy = _accuracy(first, store.path(validation_data["sha256"]))
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+                check("validation set is readable", False, str(exc))
+            except RuntimeFailure as exc:
+                check("validation set runs", False, str(exc))
+        if accuracy is not None:
             if production_accuracy is not None:
                 ok = accuracy >= production_accuracy - margin
                 check(

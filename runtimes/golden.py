@@ -6,6 +6,7 @@ tolerances), so a manifest can name it by digest like any other artifact.
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,7 @@ class GoldenSample:
                 outputs = {k[7:]: _loaded(data[k]) for k in data.files if k.startswith("output:")}
                 rtol = float(data["rtol"]) if "rtol" in data.files else 1e-4
                 atol = float(data["atol"]) if "atol" in data.files else 1e-4
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
             raise ModelFileError(f"golden file {path} cannot be read: {exc}") from exc
         if not inputs or not outputs:
             raise ModelFileError(f"golden file {path} holds no inputs or no outputs")

@@ -7,6 +7,7 @@ import time
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from agent.api.openapi import TF_INFER
 from agent.api.state import ApiState
 from agent.api.tfserving_codec import (
     decode_predict,
@@ -71,14 +72,27 @@ async def model_metadata(
     return json_response(metadata_document(lv.model, str(lv.version), lv.signature))
 
 
-@router.post("/v1/models/{model_name}:predict", summary="Predict (row or columnar format)")
+# Explicit operation ids: FastAPI derives them from the path with ':' and '/' both made '_',
+# so ':predict' and its '/predict' alias would collide.
 @router.post(
-    "/v1/models/{model_name}/versions/{model_version}:predict", summary="Predict on a version"
+    "/v1/models/{model_name}:predict",
+    summary="Predict (row or columnar format)",
+    openapi_extra=TF_INFER,
+    operation_id="tfserving_predict",
 )
-@router.post("/v1/models/{model_name}/predict", summary="Predict (alias of :predict)")
+@router.post(
+    "/v1/models/{model_name}/versions/{model_version}:predict",
+    summary="Predict on a version",
+    openapi_extra=TF_INFER,
+    operation_id="tfserving_predict_version",
+)
+@router.post(
+    "/v1/models/{model_name}/predict", summary="Predict (alias of :predict)", openapi_extra=TF_INFER
+)
 @router.post(
     "/v1/models/{model_name}/versions/{model_version}/predict",
     summary="Predict on a version (alias)",
+    openapi_extra=TF_INFER,
 )
 async def predict(request: Request, model_name: str, model_version: str | None = None) -> Response:
     started = time.monotonic()

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from agent import __version__
+from agent.api.openapi import V2_INFER
 from agent.api.state import ApiState
 from agent.api.transport import (
     ClientGone,
@@ -140,9 +141,11 @@ async def model_config(
     return json_response(doc)
 
 
-@router.post("/v2/models/{model_name}/infer", summary="Inference")
+@router.post("/v2/models/{model_name}/infer", summary="Inference", openapi_extra=V2_INFER)
 @router.post(
-    "/v2/models/{model_name}/versions/{model_version}/infer", summary="Inference on a version"
+    "/v2/models/{model_name}/versions/{model_version}/infer",
+    summary="Inference on a version",
+    openapi_extra=V2_INFER,
 )
 async def infer(request: Request, model_name: str, model_version: str | None = None) -> Response:
     started = time.monotonic()

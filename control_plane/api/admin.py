@@ -66,7 +66,7 @@ async def revoke(
 
 @router.get("/audit", summary="The audit log, newest first")
 async def audit_log(
-    limit: int = Query(default=200, le=5000), s: AsyncSession = SESSION, _: Principal = ADMIN
+    limit: int = Query(default=200, ge=1, le=5000), s: AsyncSession = SESSION, _: Principal = ADMIN
 ) -> Response:
     rows = (
         await s.execute(select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit))

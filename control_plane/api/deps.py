@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import orjson
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -25,6 +25,13 @@ from control_plane.rollouts import RolloutEngine
 from control_plane.settings import ControlPlaneSettings
 
 log = logging.getLogger("edgefleet.control_plane.api")
+
+INT32_MAX = 2**31 - 1
+"""Versions, ids and indexes are INTEGER columns: a larger number is a 400, not a database
+overflow."""
+VERSION = Path(ge=1, le=INT32_MAX)
+ROW_ID = Path(ge=1, le=INT32_MAX)
+INDEX = Path(ge=0, le=INT32_MAX)
 
 STATUS = {
     "not_found": 404,

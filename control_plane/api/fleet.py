@@ -13,7 +13,15 @@ from sqlalchemy.orm import selectinload
 from starlette.responses import Response
 
 from control_plane import audit
-from control_plane.api.deps import OPERATOR, SESSION, VIEWER, json_response, services
+from control_plane.api.deps import (
+    INT32_MAX,
+    OPERATOR,
+    ROW_ID,
+    SESSION,
+    VIEWER,
+    json_response,
+    services,
+)
 from control_plane.auth import Principal
 from control_plane.db.models import Device, Rollout, RolloutDevice, TelemetrySample
 from control_plane.errors import Invalid, NotFound
@@ -176,7 +184,7 @@ async def list_rollouts(s: AsyncSession = SESSION, _: Principal = VIEWER) -> Res
 
 @router.get("/rollouts/{rollout_id}", summary="One rollout with per-wave and per-device progress")
 async def show_rollout(
-    rollout_id: int, s: AsyncSession = SESSION, _: Principal = VIEWER
+    rollout_id: int = ROW_ID, s: AsyncSession = SESSION, _: Principal = VIEWER
 ) -> Response:
     return json_response(rollout_doc(await _rollout(s, rollout_id)))
 
@@ -186,7 +194,7 @@ async def show_rollout(
     summary="pause, resume, abort (rolls back) or cancel (does not)",
 )
 async def act_on_rollout(
-    rollout_id: int, action: str, request: Request, who: Principal = OPERATOR
+    action: str, request: Request, rollout_id: int = ROW_ID, who: Principal = OPERATOR
 ) -> Response:
     engine = services(request).engine
     actions = {
@@ -208,10 +216,10 @@ async def act_on_rollout(
 async def telemetry(
     device_id: str | None = None,
     model: str | None = None,
-    version: int | None = None,
-    rollout_id: int | None = None,
-    since_s: float = 3600,
-    limit: int = Query(default=1000, le=10000),
+    version: int | None = Query(default=None, ge=0, le=INT32_MAX),
+    rollout_id: int | None = Query(default=None, ge=1, le=INT32_MAX),
+    since_s: float = Query(default=3600, ge=0, le=10 * 365 * 24 * 3600),
+    limit: int = Query(default=1000, ge=1, le=10000),
     s: AsyncSession = SESSION,
     _: Principal = VIEWER,
 ) -> Response:

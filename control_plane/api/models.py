@@ -14,7 +14,16 @@ from sqlalchemy.orm import selectinload
 from starlette.responses import Response, StreamingResponse
 
 from control_plane import audit
-from control_plane.api.deps import OPERATOR, SESSION, VIEWER, json_response, services
+from control_plane.api.deps import (
+    INDEX,
+    INT32_MAX,
+    OPERATOR,
+    SESSION,
+    VERSION,
+    VIEWER,
+    json_response,
+    services,
+)
 from control_plane.auth import Principal
 from control_plane.db.models import Artifact, Model, ModelVersion
 from control_plane.errors import Invalid, NotFound
@@ -31,7 +40,7 @@ class VariantSpec(BaseModel):
 
 
 class VersionCreate(BaseModel):
-    version: int = Field(ge=1)
+    version: int = Field(ge=1, le=INT32_MAX)
     variants: list[VariantSpec] = Field(min_length=1)
     config: dict[str, Any] = Field(default_factory=dict)
     health: dict[str, Any] = Field(default_factory=dict)
@@ -86,7 +95,7 @@ async def list_models(s: AsyncSession = SESSION, _: Principal = VIEWER) -> Respo
     "/models/{name}/versions/{version}", summary="One version: files, signature, validation"
 )
 async def show_version(
-    name: str, version: int, s: AsyncSession = SESSION, _: Principal = VIEWER
+    name: str, version: int = VERSION, s: AsyncSession = SESSION, _: Principal = VIEWER
 ) -> Response:
     return json_response(version_doc(await get_version(s, name, version)))
 
@@ -131,10 +140,10 @@ async def _stream(request: Request):  # type: ignore[no-untyped-def]
 )
 async def upload_file(
     name: str,
-    version: int,
-    index: int,
     filename: str,
     request: Request,
+    version: int = VERSION,
+    index: int = INDEX,
     s: AsyncSession = SESSION,
     who: Principal = OPERATOR,
 ) -> Response:
@@ -154,9 +163,9 @@ async def upload_file(
 )
 async def upload_sample(
     name: str,
-    version: int,
     kind: Literal["golden", "validation-data"],
     request: Request,
+    version: int = VERSION,
     s: AsyncSession = SESSION,
     who: Principal = OPERATOR,
 ) -> Response:
@@ -182,7 +191,11 @@ async def upload_sample(
     "/models/{name}/versions/{version}/validate", summary="Validate; the result is stored and shown"
 )
 async def validate_version(
-    name: str, version: int, request: Request, s: AsyncSession = SESSION, who: Principal = OPERATOR
+    name: str,
+    request: Request,
+    version: int = VERSION,
+    s: AsyncSession = SESSION,
+    who: Principal = OPERATOR,
 ) -> Response:
     svc = services(request)
     mv = await get_version(s, name, version)
@@ -223,7 +236,11 @@ async def validate_version(
     summary="Set the stage: candidate, production, retired",
 )
 async def set_stage(
-    name: str, version: int, body: StageChange, s: AsyncSession = SESSION, who: Principal = OPERATOR
+    name: str,
+    body: StageChange,
+    version: int = VERSION,
+    s: AsyncSession = SESSION,
+    who: Principal = OPERATOR,
 ) -> Response:
     mv = await get_version(s, name, version)
     if body.stage == "production":
