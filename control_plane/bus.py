@@ -117,7 +117,7 @@ class FleetBus:
                 context.load_cert_chain(str(s.mqtt_tls_cert_file), str(s.mqtt_tls_key_file))
         properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         properties.SessionExpiryInterval = s.mqtt_session_expiry_s
-        return aiomqtt.Client(
+        client = aiomqtt.Client(
             url.hostname or "127.0.0.1",
             url.port or (8883 if tls else 1883),
             username=s.mqtt_username,
@@ -131,6 +131,9 @@ class FleetBus:
             properties=properties,
             max_queued_incoming_messages=200_000,
         )
+        # a full publish window is the plan, not a symptom: warn only beyond it
+        client.pending_calls_threshold = PUBLISH_WINDOW + 10
+        return client
 
     async def _session(self, client: aiomqtt.Client) -> None:
         share = (
