@@ -47,6 +47,15 @@ from control_plane.registry import get_version
 log = logging.getLogger("edgefleet.control_plane.rollouts")
 
 ACTIVE = ("running", "paused", "rolling_back")
+FINAL_EVENTS = frozenset({"committed", "rejected", "rolled_back"})
+
+
+def _moves_rollout(event: UpdateEvent) -> bool:
+    """A final state, or a fault the device reports while it retries (shown on the rollout);
+    plain progress (received, downloading, ...) moves nothing."""
+    return event.state.value in FINAL_EVENTS or bool(event.code)
+
+
 DEVICE_DONE = ("committed", "rejected", "rolled_back", "timed_out")
 BASELINE = timedelta(minutes=10)
 
@@ -283,6 +292,8 @@ class RolloutEngine:
             except Exception:
                 # the database restarting must not end the loop: the next tick tries again
                 log.exception("rollout tick failed")
+            # a step reads the whole rollout: at most two a tick, whatever the event rate
+            await asyncio.sleep(min(self.tick_s / 2, max(0.0, next_tick - time.monotonic())))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), max(0.0, next_tick - time.monotonic()))
 
@@ -318,6 +329,9 @@ class RolloutEngine:
             self._publish_desired(device)
 
     async def on_events(self, events: list[UpdateEvent]) -> None:
+        events = [e for e in events if _moves_rollout(e)]
+        if not events:
+            return
         touched: set[int] = set()
         async with self._lock, self.sessions.begin() as session:
             prefetched = await self._rows_for(session, events)
@@ -339,6 +353,8 @@ class RolloutEngine:
         one per event (a rollout to thousands of devices reports thousands of events)."""
         wanted: dict[int, set[str]] = {}
         for e in events:
+            if not _moves_rollout(e):
+                continue
             if e.rollout_id and e.rollout_id.startswith("rollout-"):
                 with contextlib.suppress(ValueError):
                     rollout_id = int(e.rollout_id.removeprefix("rollout-"))
