@@ -1,8 +1,9 @@
-"""Admission as pure ASGI middleware: API key, rate limit, in-flight limit, body deadline.
+"""Admission as pure ASGI middleware: API key, rate limit, body deadline.
 
 Checked in that order before a route runs, so a request that is turned away costs a header
 scan and a short JSON answer, never a body read or a decode. Probe paths (``open_paths``)
-skip all of it: a kubelet must see the agent live even while clients are refused.
+skip all of it: a kubelet must see the agent live even while clients are refused. The limit
+on requests in flight is enforced earlier still, in :mod:`agent.api.http_protocol`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent.api.access import ApiKeys, RateLimiter
 from agent.api.errors import error_response
-from agent.errors import AgentError, OverloadedError, RequestTimeoutError
+from agent.errors import AgentError, RequestTimeoutError
 
 
 class Admission:
@@ -25,16 +26,13 @@ class Admission:
         keys: ApiKeys | None,
         limiter: RateLimiter | None,
         open_paths: tuple[str, ...],
-        max_concurrent_requests: int,
         body_timeout_s: float,
     ) -> None:
         self.app = app
         self.keys = keys
         self.limiter = limiter
         self.open_paths = frozenset(open_paths)
-        self.max_concurrent_requests = max_concurrent_requests
         self.body_timeout_s = body_timeout_s
-        self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.open_paths:
@@ -45,11 +43,7 @@ class Admission:
         except AgentError as exc:
             await error_response(exc)(scope, receive, send)
             return
-        self.in_flight += 1
-        try:
-            await self.app(scope, _with_deadline(receive, self.body_timeout_s), send)
-        finally:
-            self.in_flight -= 1
+        await self.app(scope, _with_deadline(receive, self.body_timeout_s), send)
 
     def _admit(self, scope: Scope) -> None:
         client = scope["client"][0] if scope.get("client") else "local"
@@ -57,12 +51,6 @@ class Admission:
             client = self.keys.client(dict(scope["headers"]))
         if self.limiter is not None:
             self.limiter.take(client)
-        if self.in_flight >= self.max_concurrent_requests:
-            raise OverloadedError(
-                f"{self.in_flight} requests are in flight, the limit of "
-                f"max_concurrent_requests={self.max_concurrent_requests}",
-                retry_after_s=1,
-            )
 
 
 def _with_deadline(receive: Receive, timeout_s: float) -> Receive:

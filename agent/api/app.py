@@ -75,7 +75,6 @@ def create_app(state: ApiState) -> FastAPI:
             else None
         ),
         open_paths=settings.api_key_open_paths,
-        max_concurrent_requests=settings.max_concurrent_requests,
         body_timeout_s=settings.body_timeout_s,
     )
     # added last, so outermost: the access log sees what admission turned away too

@@ -62,7 +62,9 @@ class RequestContext:
         try:
             await self.app(scope, receive, send_with_context)
         finally:
-            if self.access_log or status >= 500:
+            # Failures are logged even without the access log, but not 503s: under overload a
+            # line per refused request would spend the time the refusal saved.
+            if self.access_log or (status >= 500 and status != 503):
                 log.log(
                     logging.WARNING if status >= 500 else logging.INFO,
                     "request",

@@ -2,7 +2,8 @@
 request head, an idle limit on new connections, and a cap on open connections.
 
 These act before any ASGI code runs, where a slow or hostile client would otherwise hold memory
-or a connection for free: uvicorn buffers headers without bound under httptools (its
+or a connection for free, and where refusing a request under load is cheapest. uvicorn buffers
+headers without bound under httptools (its
 ``h11_max_incomplete_event_size`` applies to h11 only), arms its keep-alive timer only after a
 first response, and ``limit_concurrency`` counts connections *and* tasks together, so one surge
 turns away the requests of connections already being served.
@@ -23,6 +24,16 @@ class HttpLimits:
     max_header_bytes: int
     header_timeout_s: float
     max_connections: int
+    max_concurrent_requests: int
+    open_paths: frozenset[bytes] = frozenset()
+    """Paths never refused for load (health probes)."""
+
+
+@dataclass
+class _InFlight:
+    """Requests of one server whose response is not complete yet."""
+
+    count: int = 0
 
 
 class _Answered(Exception):
@@ -31,10 +42,13 @@ class _Answered(Exception):
 
 class BoundedHttpProtocol(HttpToolsProtocol):
     limits: ClassVar[HttpLimits]
+    in_flight: ClassVar[_InFlight]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[arg-type]
         self._answered = False
+        self._discarding = False  # the body of a refused request is parsed and dropped
+        self._counted = 0  # requests of this connection in in_flight
         self._head_bytes = 0
         self._head_timer: asyncio.TimerHandle | None = None
         # The connection is refused at its first request, with a proper HTTP answer.
@@ -47,7 +61,15 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self.in_flight.count -= self._counted
+        self._counted = 0
         super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        if self._counted:
+            self._counted -= 1
+            self.in_flight.count -= 1
+        super().on_response_complete()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -72,7 +94,34 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                 f"too many open connections (max_connections={self.limits.max_connections})",
                 retry_after_s=1,
             )
+        # Refused here, before an ASGI task exists: a refusal costs a few microseconds, so a
+        # flood of them cannot starve the requests admitted. The connection stays open (a
+        # close with the body unread would reset it, losing the answer); the body is skipped.
+        if self.url.split(b"?", 1)[0] not in self.limits.open_paths:
+            limit = self.limits.max_concurrent_requests
+            if self.in_flight.count >= limit:
+                self._refuse_and_discard(
+                    f"{self.in_flight.count} requests are in flight, the limit of "
+                    f"max_concurrent_requests={limit}"
+                )
+                return
+            self.in_flight.count += 1
+            self._counted += 1
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._discarding:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._discarding:
+            self._discarding = False
+            self._unset_keepalive_if_required()
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+            return
+        super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
         if not self._answered:  # a refusal of ours stopped the parser: it already answered
@@ -107,19 +156,30 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self._head_timer = None
 
     def _answer(self, status: int, code: str, message: str, retry_after_s: int = 0) -> None:
-        body = orjson.dumps({"error": message, "code": code})
-        head = [
-            STATUS_LINE[status],
-            b"content-type: application/json\r\n",
-            b"content-length: %d\r\n" % len(body),
-            b"connection: close\r\n",
-        ]
-        if retry_after_s:
-            head.append(b"retry-after: %d\r\n" % retry_after_s)
+        """Answer, close, and stop the parser."""
         self._answered = True
-        self.transport.write(b"".join([*head, b"\r\n", body]))
+        self.transport.write(_response(status, code, message, retry_after_s, close=True))
         self.transport.close()
         raise _Answered()
+
+    def _refuse_and_discard(self, message: str) -> None:
+        """A 503 on a connection that stays open; the request's body is skipped."""
+        self.transport.write(_response(503, "overloaded", message, 1, close=False))
+        self._discarding = True
+
+
+def _response(status: int, code: str, message: str, retry_after_s: int, *, close: bool) -> bytes:
+    body = orjson.dumps({"error": message, "code": code})
+    head = [
+        STATUS_LINE[status],
+        b"content-type: application/json\r\n",
+        b"content-length: %d\r\n" % len(body),
+    ]
+    if close:
+        head.append(b"connection: close\r\n")
+    if retry_after_s:
+        head.append(b"retry-after: %d\r\n" % retry_after_s)
+    return b"".join([*head, b"\r\n", body])
 
 
 def protocol_class(limits: HttpLimits) -> type[BoundedHttpProtocol]:
@@ -129,4 +189,5 @@ def protocol_class(limits: HttpLimits) -> type[BoundedHttpProtocol]:
         pass
 
     Bound.limits = limits
+    Bound.in_flight = _InFlight()
     return Bound
