@@ -195,8 +195,16 @@ def test_requests_over_max_concurrent_requests_get_503_gated(
             assert "max_concurrent_requests=2" in refused.json()["error"]
             # probes are not requests that count: the agent still answers them
             assert agent.client.get("/v2/health/live").status_code == 200
-            gate.open()
-            assert [f.result(timeout=60).status_code for f in held] == [200, 200]
+            # a refusal keeps the connection: its body is skipped, the next request is read
+            with connect(agent.url) as sock:
+                body = body_of(1)
+                sock.sendall(head("POST", INFER, {"Content-Length": str(len(body))}) + body)
+                assert read_response(sock).status == 503
+                gate.open()
+                assert [f.result(timeout=60).status_code for f in held] == [200, 200]
+                sock.sendall(head("POST", INFER, {"Content-Length": str(len(body))}) + body)
+                again = read_response(sock)
+                assert again.status == 200, again.body
         assert serves(agent)
 
 
