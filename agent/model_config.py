@@ -151,5 +151,7 @@ def load_model_config(model_dir: Path) -> ModelConfig:
 
 def version_dirs(model_dir: Path) -> list[Path]:
     """Numeric version directories of a model, oldest first."""
-    versions = [p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+    versions = [
+        p for p in model_dir.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit()
+    ]
     return sorted(versions, key=lambda p: int(p.name))

@@ -20,7 +20,7 @@ async def read_body(request: Request, limit: int, setting: str = "max_request_by
     """The request body, refused as soon as it passes ``limit`` bytes (also once inflated);
     ``setting`` names the limit in the error."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLargeError(
             f"body of {declared} bytes is over the limit of {limit} bytes ({setting})"
         )

@@ -155,7 +155,7 @@ async def infer(request: Request, model_name: str, model_version: str | None = N
     lv = state.service.resolve(model_name, model_version)
     body = await read_body(request, limits.max_request_bytes)
     header = request.headers.get("inference-header-content-length")
-    if header is not None and not header.strip().isdigit():
+    if header is not None and not (header.strip().isascii() and header.strip().isdigit()):
         raise RequestError(
             "Inference-Header-Content-Length must be a non-negative integer",
             field="Inference-Header-Content-Length",

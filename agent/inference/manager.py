@@ -90,7 +90,7 @@ class ModelManager:
             if found is None:
                 raise ModelNotReadyError(f"model {model!r} has no ready version" + _why(entry))
             return found
-        if not version.isdigit():
+        if not (version.isascii() and version.isdigit()):  # '²'.isdigit(), yet int() fails
             raise ModelNotFoundError(
                 f"model {model!r} has no version {version!r}", field="model_version"
             )
