@@ -99,7 +99,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         # close with the body unread would reset it, losing the answer); the body is skipped.
         if self.url.split(b"?", 1)[0] not in self.limits.open_paths:
             limit = self.limits.max_concurrent_requests
-            if self.in_flight.count >= limit:
+            if self.in_flight.count >= limit and not self._responding():
                 self._refuse_and_discard(
                     f"{self.in_flight.count} requests are in flight, the limit of "
                     f"max_concurrent_requests={limit}"
@@ -158,9 +158,14 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def _answer(self, status: int, code: str, message: str, retry_after_s: int = 0) -> None:
         """Answer, close, and stop the parser."""
         self._answered = True
-        self.transport.write(_response(status, code, message, retry_after_s, close=True))
+        if not self._responding():  # else the answer would land inside an earlier response
+            self.transport.write(_response(status, code, message, retry_after_s, close=True))
         self.transport.close()
         raise _Answered()
+
+    def _responding(self) -> bool:
+        """An earlier (pipelined) request's response is still being written."""
+        return self.cycle is not None and not self.cycle.response_complete
 
     def _refuse_and_discard(self, message: str) -> None:
         """A 503 on a connection that stays open; the request's body is skipped."""

@@ -12,7 +12,7 @@ import pytest
 
 from tests.agent.models import write_upper_model
 from tests.agent.process import AgentProcess, agent_process
-from tests.agent.server import copy_models
+from tests.agent.server import copy_models, wait_until
 from tests.control_plane.server import control_plane
 from tests.hardening.fuzz import fuzz
 from tests.mqtt_broker import Mosquitto, free_port
@@ -27,9 +27,10 @@ def agent(example_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     write_upper_model(repo)  # BYTES in and out
     args = ["--model-repository", str(repo), "--port", "0"]
     with agent_process(*args, env={"EDGEFLEET_AGENT_API_KEY": KEY}) as running:
-        with httpx.Client(base_url=running.address, headers={"X-API-Key": KEY}) as client:
-            ready = client.get("/v2/health/ready")
-            assert ready.status_code == 200, ready.text
+        wait_until(
+            lambda: httpx.get(f"{running.address}/v2/health/ready").status_code == 200,
+            what="the models to load",
+        )
         yield running
 
 
