@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 
 from agent.protocol.errors import ProtocolError, Rejection
 from agent.protocol.signing import (
-    Envelope,
     SigningKey,
     TrustRoot,
     apply_trust_update,
@@ -217,7 +216,3 @@ def test_any_signed_command_of_the_wrong_shape_is_refused(signed: dict[str, Any]
     with pytest.raises(ProtocolError) as info:
         verify_command(json.dumps(envelope).encode(), TRUST, "dev-1", NOW)
     assert info.value.code in (Rejection.MALFORMED, Rejection.WRONG_TARGET, Rejection.EXPIRED)
-
-
-def test_envelope_model_is_what_was_parsed() -> None:
-    assert isinstance(parse_envelope(json.dumps(SIGNED).encode()), Envelope)
