@@ -63,8 +63,18 @@ def services(request: Request) -> Services:
 async def session(request: Request) -> AsyncIterator[AsyncSession]:
     """A session per request. Routes that change something commit before they answer (so the
     client's next call sees it); anything not committed is rolled back when the session closes."""
-    async with services(request).sessions() as s:
+    s = services(request).sessions()
+    try:
         yield s
+    finally:
+        try:
+            await s.close()
+        except DBAPIError as exc:
+            # The answer is decided (and may be on its way): a connection that died under it
+            # (the database restarting) is dropped from the pool; failing here would cut the
+            # response off mid-way.
+            if not database_unavailable(exc):
+                raise
 
 
 def require(role: Role) -> Callable[[Request], Awaitable[Principal]]:
