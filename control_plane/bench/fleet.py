@@ -80,8 +80,11 @@ def summarise(reps: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    result: dict[str, Any] = {"devices": n}
+def run_size(
+    n: int, args: argparse.Namespace, workdir: Path, result: dict[str, Any]
+) -> dict[str, Any]:
+    """Measure one fleet size into ``result`` (filled as it goes: a size stopped part way
+    keeps the repetitions it finished)."""
     sim_procs = args.sim_procs or max(1, min(2, n // 4000))
     with ExitStack() as stack:
         fleet = start_fleet(
@@ -91,13 +94,13 @@ def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         phase = fleet.monitor.start_phase()
         time.sleep(args.idle_s)
         result["idle"] = fleet.monitor.end_phase(phase)
-        reps = []
+        reps: list[dict[str, Any]] = []
+        result["repetitions"] = reps
         for i in range(args.repeat):
             rep = phases.rollout_and_rollback(fleet, 2, args.timeout_s)
             print(f"  N={n} rep {i + 1}: {summarise([rep])}", flush=True)
             reps.append(rep)
-        result["repetitions"] = reps
-        result["summary"] = summarise(reps)
+            result["summary"] = summarise(reps)
         try:
             if args.ingest_step_s > 0:
                 result["ingest"] = ingest(fleet, n, args)
@@ -162,13 +165,19 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory(prefix=f"fleet-{n}-") as tmp:
             workdir = args.workdir / str(n) if args.workdir else Path(tmp)
             print(f"N={n}: starting (work dir {workdir})", flush=True)
+            result: dict[str, Any] = {"devices": n}
+            doc["sizes"].append(result)
             try:
-                doc["sizes"].append(run_size(n, args, workdir))
-            except Exception as exc:
+                run_size(n, args, workdir, result)
+            except BaseException as exc:  # an interrupt too: what was measured is written
                 traceback.print_exc()
-                doc["sizes"].append({"devices": n, "stopped": f"{type(exc).__name__}: {exc}"})
-        doc["wall_s"] = round(time.monotonic() - started, 1)
-        args.json.write_text(json.dumps(doc, indent=2))
+                result["stopped"] = f"{type(exc).__name__}: {exc}"
+                if not isinstance(exc, Exception):
+                    args.json.write_text(json.dumps(doc, indent=2))
+                    raise
+            finally:
+                doc["wall_s"] = round(time.monotonic() - started, 1)
+                args.json.write_text(json.dumps(doc, indent=2))
     print(f"wrote {args.json}", flush=True)
 
 
