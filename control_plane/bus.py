@@ -11,6 +11,7 @@ import logging
 import random
 import ssl
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,6 +40,9 @@ class FleetBus:
         self._commands: list[tuple[str, bytes]] = []
         self._wake = asyncio.Event()
         self.published = 0
+        self._connection = 0
+        """Counts connections: an acknowledgement is sent on the connection its message came
+        by (after a reconnect the broker delivers unacknowledged messages again)."""
 
     # -- outgoing ---------------------------------------------------------------------------
 
@@ -133,9 +137,14 @@ class FleetBus:
         )
         # a full publish window is the plan, not a symptom: warn only beyond it
         client.pending_calls_threshold = PUBLISH_WINDOW + 10
+        # Device messages are acknowledged once stored, not on receipt: a control plane killed
+        # with a batch in memory gets it again from the broker. (aiomqtt has no option for it;
+        # paho's manual_ack is set on the client it wraps.)
+        client._client.manual_ack_set(True)
         return client
 
     async def _session(self, client: aiomqtt.Client) -> None:
+        self._connection += 1
         share = (
             f"$share/{self.settings.mqtt_shared_group}/" if self.settings.mqtt_shared_group else ""
         )
@@ -157,28 +166,46 @@ class FleetBus:
                 raise lost[0] from None
             raise
 
+    def _acker(self, client: aiomqtt.Client, message: aiomqtt.Message) -> Callable[[], None] | None:
+        if message.qos == 0:
+            return None
+        paho, connection, mid, qos = client._client, self._connection, message.mid, message.qos
+
+        def ack() -> None:
+            if connection == self._connection and self.connected.is_set():
+                paho.ack(mid, qos)
+
+        return ack
+
     async def _receive(self, client: aiomqtt.Client) -> None:
         limit = self.settings.mqtt_max_message_bytes
         ingestor = self.ingestor
         async for message in client.messages:
+            ack = self._acker(client, message)
             parsed = self.topics.parse(message.topic.value)
             payload = message.payload if isinstance(message.payload, bytes) else b""
             if parsed is None:
                 ingestor.reject(
                     "unknown", "wrong_topic", message.topic.value[:200], "no device topic"
                 )
+                if ack:
+                    ack()
                 continue
             device_id, leaf = parsed
             if len(payload) > limit:
                 ingestor.reject(leaf, "oversize", device_id, f"{len(payload)} bytes exceed {limit}")
+                if ack:
+                    ack()
                 continue
             try:
                 if leaf == "status":
-                    await ingestor.status(device_id, payload)
+                    await ingestor.status(device_id, payload, ack)
                 elif leaf == "telemetry":
-                    await ingestor.telemetry(device_id, payload)
+                    await ingestor.telemetry(device_id, payload, ack)
                 elif leaf == "events":
-                    await ingestor.event(device_id, payload)
+                    await ingestor.event(device_id, payload, ack)
+                elif ack:
+                    ack()
             except Exception:
                 # The last line of defence: one message that trips a bug (or a database
                 # refusal of one presence update) must not stop ingest for the whole fleet.

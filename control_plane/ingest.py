@@ -32,6 +32,8 @@ from control_plane.metrics import FleetMetrics
 log = logging.getLogger("edgefleet.control_plane.ingest")
 
 EventListener = Callable[[list[UpdateEvent]], Awaitable[None]]
+Ack = Callable[[], None]
+"""Acknowledges one device message to the broker."""
 RETRY_MIN_S = 0.1
 RETRY_MAX_S = 5.0
 """Backoff between writes while the database is unreachable."""
@@ -55,12 +57,16 @@ class Ingestor:
         *,
         batch_size: int,
         max_delay_s: float,
+        ack_window: int = 20,
     ) -> None:
+        """``ack_window``: how many unacknowledged messages the broker sends at once; a batch
+        holding that many is written at once (the broker sends no more until it is)."""
         self.sessions = sessions
         self.metrics = metrics
         self.batch_size = batch_size
         self.max_delay_s = max_delay_s
-        self._queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(maxsize=100_000)
+        self.ack_window = ack_window
+        self._queue: asyncio.Queue[tuple[str, Any, Ack | None]] = asyncio.Queue(maxsize=100_000)
         self.listeners: list[EventListener] = []
         self.on_device_online: list[Callable[[str], Awaitable[None]]] = []
         self.stored = 0
@@ -96,26 +102,35 @@ class Ingestor:
             self.reject(leaf, "out_of_range", device_id, why)
         return why is None
 
-    async def status(self, device_id: str, payload: bytes) -> None:
-        if not payload:
-            return  # a cleared retained status
-        status = self._parse("status", DeviceStatus, device_id, payload)
-        if status is None:
-            return
-        if status.online and not self._fits(
-            "status",
-            device_id,
-            Device.__table__,
-            [{"hardware_profile": status.hardware_profile, "agent_version": status.agent_version}],
+    async def status(self, device_id: str, payload: bytes, ack: Ack | None = None) -> None:
+        """Queue a device's birth or will. ``ack`` (given by the MQTT adapter) acknowledges
+        the message to the broker: it is called once the message is stored or refused, so a
+        crash before that has the broker deliver it again."""
+        status = self._parse("status", DeviceStatus, device_id, payload) if payload else None
+        if status is None or (
+            status.online
+            and not self._fits(
+                "status",
+                device_id,
+                Device.__table__,
+                [
+                    {
+                        "hardware_profile": status.hardware_profile,
+                        "agent_version": status.agent_version,
+                    }
+                ],
+            )
         ):
+            _call(ack)  # an empty payload clears a retained status: nothing to store
             return
         # Written with the next batch, in order with the device's events: one transaction per
         # status would make a rollout to N devices wait for N commits in the receive loop.
-        await self._queue.put(("status", status))
+        await self._queue.put(("status", status, ack))
 
-    async def telemetry(self, device_id: str, payload: bytes) -> None:
+    async def telemetry(self, device_id: str, payload: bytes, ack: Ack | None = None) -> None:
         message = self._parse("telemetry", Telemetry, device_id, payload)
         if message is None:
+            _call(ack)
             return
         device_row, sample_rows = telemetry_rows(message)
         # Checked here, one message at a time: a value the database refuses would otherwise
@@ -123,14 +138,18 @@ class Ingestor:
         if self._fits("telemetry", device_id, DeviceSample.__table__, [device_row]) and self._fits(
             "telemetry", device_id, TelemetrySample.__table__, sample_rows
         ):
-            await self._queue.put(("telemetry", message))
+            await self._queue.put(("telemetry", message, ack))
+        else:
+            _call(ack)
 
-    async def event(self, device_id: str, payload: bytes) -> None:
+    async def event(self, device_id: str, payload: bytes, ack: Ack | None = None) -> None:
         event = self._parse("events", UpdateEvent, device_id, payload)
         if event is not None and self._fits(
             "events", device_id, UpdateEventRecord.__table__, [event_row(event)]
         ):
-            await self._queue.put(("event", event))
+            await self._queue.put(("event", event, ack))
+        else:
+            _call(ack)
 
     # -- the batch writer ------------------------------------------------------------------
 
@@ -146,6 +165,8 @@ class Ingestor:
                 remaining = deadline - time.monotonic()
                 if len(batch) >= self.batch_size or remaining <= 0:
                     break
+                if self._queue.empty() and _unacked(batch) >= self.ack_window:
+                    break  # the broker sends no more until these are acknowledged
                 try:
                     batch.append(await asyncio.wait_for(self._queue.get(), remaining))
                 except TimeoutError:
@@ -159,8 +180,10 @@ class Ingestor:
                 # ingest: count it, log it, keep going
                 self.metrics.rejected("ingest", "write_failed")
                 log.exception("telemetry batch not stored", extra={"messages": len(batch)})
+                _ack_all(batch)
                 continue
-            await self._notify([m for kind, m in batch if kind == "event"])
+            _ack_all(batch)
+            await self._notify([m for kind, m, _ in batch if kind == "event"])
 
     async def drain(self) -> None:
         """Write whatever is queued now (tests and shutdown)."""
@@ -169,7 +192,8 @@ class Ingestor:
             batch.append(self._queue.get_nowait())
         if batch:
             await self._write(batch)
-            await self._notify([m for kind, m in batch if kind == "event"])
+            _ack_all(batch)
+            await self._notify([m for kind, m, _ in batch if kind == "event"])
 
     async def _retrying(self, what: str, write: Callable[[], Awaitable[None]]) -> None:
         """Run ``write`` until it succeeds while the database is unreachable (a restart, a
@@ -203,13 +227,13 @@ class Ingestor:
             except Exception:
                 log.exception("update events not acted on", extra={"events": len(events)})
 
-    async def _write(self, batch: list[tuple[str, Any]]) -> None:
+    async def _write(self, batch: list[tuple[str, Any, Ack | None]]) -> None:
         samples: list[dict[str, Any]] = []
         devices: list[dict[str, Any]] = []
         events: list[UpdateEvent] = []
         statuses: list[DeviceStatus] = []
         seen: dict[str, datetime] = {}
-        for kind, message in batch:
+        for kind, message, _ in batch:
             if kind == "event":
                 events.append(message)
                 continue
@@ -285,6 +309,20 @@ class Ingestor:
                 device.reported_labels = dict(status.labels)
                 device.models = [m.model_dump() for m in status.models]
         return came_online
+
+
+def _call(ack: Ack | None) -> None:
+    if ack is not None:
+        ack()
+
+
+def _unacked(batch: list[tuple[str, Any, Ack | None]]) -> int:
+    return sum(1 for *_, ack in batch if ack is not None)
+
+
+def _ack_all(batch: list[tuple[str, Any, Ack | None]]) -> None:
+    for *_, ack in batch:
+        _call(ack)
 
 
 def telemetry_rows(t: Telemetry) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -73,6 +73,11 @@ class ControlPlaneSettings(BaseSettings):
     """How often rollouts check timers (bake times, device timeouts); events act at once."""
     ingest_batch_size: int = Field(default=500, gt=0)
     ingest_max_delay_s: float = Field(default=0.2, gt=0)
+    """Longest a device message waits to be written with others."""
+    mqtt_broker_inflight: int = Field(default=20, ge=1)
+    """Unacknowledged QoS 1 messages the broker sends the control plane at once (Mosquitto's
+    ``max_inflight_messages``, 20 by default). Device messages are acknowledged only once
+    stored, so a batch is written as soon as this many wait: raise both together."""
     validation_rtol: float = Field(default=1e-3, gt=0)
     validation_atol: float = Field(default=1e-3, gt=0)
     accuracy_margin: float = Field(default=0.01, ge=0)

@@ -96,12 +96,6 @@ def _rollout_state_on_disk(db: Path, rollout_id: int) -> str:
     return str(row[0])
 
 
-@pytest.mark.xfail(
-    strict=False,  # a SIGKILL that lands between two batches loses nothing
-    reason="known gap (docs/operations.md): the control plane acknowledges a device message to "
-    "the broker when it receives it, not once it is stored, so the messages of the last ingest "
-    "batch (up to ingest_max_delay_s) die with a SIGKILLed control plane",
-)
 def test_control_plane_sigkilled_under_telemetry_loses_none_of_it(
     broker: Mosquitto, example_repo: Path, tmp_path: Path
 ) -> None:
