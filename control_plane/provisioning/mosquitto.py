@@ -142,6 +142,9 @@ class FleetAccess:
             self.passwords.save(out / "passwd")
         conf = out / "mosquitto.conf"
         head = f"user {owner}\n" if owner else ""
+        # the control plane acknowledges device messages once stored: a wide in-flight window
+        # (its mqtt_broker_inflight setting must match) and room to queue while it restarts
+        head += "max_inflight_messages 1000\nmax_queued_messages 100000\n"
         text = head + f"listener {port} {bind}\n" + self.listener_options(out, tls=tls)
         write_atomically(conf, text.encode())
         if owner:
