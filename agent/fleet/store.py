@@ -122,7 +122,12 @@ class ModelStore:
         if not model_dir.is_dir():
             return
         for path in model_dir.iterdir():
-            if path.is_dir() and path.name.isdigit() and int(path.name) not in keep:
+            if (
+                path.is_dir()
+                and path.name.isascii()
+                and path.name.isdigit()
+                and int(path.name) not in keep
+            ):
                 shutil.rmtree(path, ignore_errors=True)
 
     def remove_version(self, model: str, version: int) -> None:
