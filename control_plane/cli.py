@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import httpx
 
 from control_plane.provisioning.cli import register_fleet
 
@@ -32,9 +31,13 @@ class Api:
         self.url = os.environ.get("EDGEFLEET_URL", "http://127.0.0.1:8080").rstrip("/")
         token = os.environ.get("EDGEFLEET_TOKEN", "")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        import httpx  # here, not at start-up: every edgefleet command loads this module
+
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=600)
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        import httpx
+
         try:
             resp = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:

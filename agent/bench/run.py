@@ -17,8 +17,6 @@ from typing import Any
 
 import click
 
-from agent.bench.report import render
-
 
 def _step(args: list[str]) -> None:
     click.echo(f"$ {shlex.join(args)}", err=True)
@@ -81,6 +79,8 @@ def bench(
         if quick:
             args += ["--repeat", "1", "--idle-s", "2", "--ingest-step-s", "3"]
         _step(args)
+    from agent.bench.report import render  # matplotlib: not at CLI start-up
+
     command = "edgefleet bench" + (" --quick" if quick else "")
     target = render(_load(serving), _load(footprint), _load(fleet), out, command)
     click.echo(target)
