@@ -46,6 +46,20 @@ def _step(args: list[str]) -> None:
     help="Leave a part out (its previous JSON is reused if present).",
 )
 @click.option("--devices", multiple=True, type=int, help="Fleet sizes (default 1000 5000).")
+@click.option(
+    "--duration",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds per serving measurement.",
+)
+@click.option(
+    "--repeat",
+    type=int,
+    default=3,
+    show_default=True,
+    help="Repetitions of every measurement (medians are reported).",
+)
 def bench(
     out: Path, results: Path, quick: bool, skip: tuple[str, ...], devices: tuple[int, ...]
 ) -> None:
@@ -53,35 +67,28 @@ def bench(
     results.mkdir(parents=True, exist_ok=True)
     py = sys.executable
     serving, footprint, fleet = (results / f"{p}.json" for p in ("serving", "footprint", "fleet"))
+    if quick:
+        duration, repeat = 2.0, 1
     if "serving" not in skip:
         args = [py, "-m", "agent.bench.suite", "--json", str(serving)]
+        args += ["--duration", str(duration), "--repeat", str(repeat)]
         if quick:
-            args += [
-                "--concurrency",
-                "8",
-                "32",
-                "--duration",
-                "2",
-                "--repeat",
-                "1",
-                "--overload-duration",
-                "5",
-            ]
+            args += ["--concurrency", "8", "32", "--overload-duration", "5"]
         _step(args)
     if "footprint" not in skip:
         _step(
-            [py, "-m", "agent.bench.footprint", "--json", str(footprint)]
-            + (["--repeat", "1"] if quick else [])
+            [py, "-m", "agent.bench.footprint", "--json", str(footprint), "--repeat", str(repeat)]
         )
     if "fleet" not in skip and importlib.util.find_spec("control_plane.bench") is not None:
         sizes = [str(d) for d in devices] or (["200"] if quick else ["1000", "5000"])
         args = [py, "-m", "control_plane.bench.fleet", "--json", str(fleet), "--devices", *sizes]
+        args += ["--repeat", str(repeat)]
         if quick:
-            args += ["--repeat", "1", "--idle-s", "2", "--ingest-step-s", "3"]
+            args += ["--idle-s", "2", "--ingest-step-s", "3"]
         _step(args)
     from agent.bench.report import render  # matplotlib: not at CLI start-up
 
-    command = "edgefleet bench" + (" --quick" if quick else "")
+    command = shlex.join(["edgefleet", "bench", *sys.argv[2:]])
     target = render(_load(serving), _load(footprint), _load(fleet), out, command)
     click.echo(target)
 
