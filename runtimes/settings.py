@@ -20,8 +20,10 @@ class RuntimeSettings(BaseModel):
     inter_op_threads: int = Field(default=0, ge=0)
     """ONNX Runtime threads across independent graph nodes; 0 is the backend's default."""
 
-    allow_spinning: bool = True
-    """ONNX Runtime: let idle intra-op threads spin for new work (lower latency, more CPU)."""
+    allow_spinning: bool = False
+    """ONNX Runtime: let idle intra-op threads spin for new work. Off by default: on the
+    few cores of an edge device the spinning threads take the cycles the server's own event
+    loop needs (docs/benchmarks.md measures both), and they burn an idle device's power."""
 
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
     """ONNX Runtime graph optimisation level."""

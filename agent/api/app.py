@@ -15,6 +15,7 @@ from agent.api.access import ApiKeys, RateLimiter
 from agent.api.admission import Admission
 from agent.api.context import RequestContext
 from agent.api.errors import HANDLED, handle_error
+from agent.api.fastpath import InferFastPath
 from agent.api.state import ApiState
 
 log = logging.getLogger("edgefleet.agent")
@@ -66,6 +67,8 @@ def create_app(state: ApiState) -> FastAPI:
         app.add_exception_handler(cls, handle_error)
     app.add_exception_handler(Exception, handle_error)
     settings = state.settings
+    # innermost: inside admission and the request context, before the router
+    app.add_middleware(InferFastPath)
     app.add_middleware(
         Admission,
         keys=ApiKeys.from_settings(settings.api_key, settings.api_keys_file),

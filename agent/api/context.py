@@ -7,8 +7,8 @@ breaks disconnect detection.
 from __future__ import annotations
 
 import logging
+import random
 import re
-import secrets
 import time
 from typing import Any
 
@@ -36,12 +36,13 @@ class RequestContext:
         }
         request_id = headers.get("x-request-id", "")
         if not _REQUEST_ID.match(request_id):
-            request_id = secrets.token_hex(16)
+            request_id = f"{random.getrandbits(128):032x}"
         match = _TRACEPARENT.match(headers.get("traceparent", ""))
         # We are a new span in the caller's trace (or the root of a new one).
-        trace_id = match.group(1) if match else secrets.token_hex(16)
+        trace_id = match.group(1) if match else f"{random.getrandbits(128):032x}"
         flags = match.group(3) if match else "01"
-        traceparent = f"00-{trace_id}-{secrets.token_hex(8)}-{flags}"
+        # W3C trace ids need to be unique, not secret: the fast generator, not os.urandom
+        traceparent = f"00-{trace_id}-{random.getrandbits(64):016x}-{flags}"
         state: dict[str, Any] = scope.setdefault("state", {})
         state.update(
             request_id=request_id, trace_id=trace_id, parent_span=match.group(2) if match else None

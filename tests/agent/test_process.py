@@ -128,13 +128,13 @@ def test_settings_precedence_file_env_flags(
 ) -> None:
     config = tmp_path / "agent.toml"
     config.write_text('port = 9001\nlog_level = "WARNING"\nmax_rows_per_request = 10\n'
-                      "[runtime]\nintra_op_threads = 2\nallow_spinning = false\n")  # fmt: skip
+                      "[runtime]\nintra_op_threads = 2\nallow_spinning = true\n")  # fmt: skip
     monkeypatch.setenv("EDGEFLEET_AGENT_LOG_LEVEL", "DEBUG")
     monkeypatch.setenv("EDGEFLEET_AGENT_RUNTIME__INTRA_OP_THREADS", "3")
     settings = load_settings(config, port=9002)
     assert settings.port == 9002  # flag beats file
     assert settings.log_level == "DEBUG"  # environment beats file
-    assert settings.runtime.intra_op_threads == 3 and settings.runtime.allow_spinning is False
+    assert settings.runtime.intra_op_threads == 3 and settings.runtime.allow_spinning is True
     assert settings.max_rows_per_request == 10  # from the file
     assert settings.host == "127.0.0.1"
     config.write_text("prot = 1\n")

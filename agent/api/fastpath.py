@@ -1,0 +1,56 @@
+"""The inference routes straight to their handler, past the router.
+
+Under load the agent's event loop is its bottleneck, and for a small model FastAPI's routing
+(matching every route in turn, its exception and exit-stack middleware, the request/response
+wrappers) costs more than the inference itself. ``POST /v2/models/{m}[/versions/{v}]/infer``
+is recognised here from the path and handed to :func:`agent.api.v2.infer` directly. It runs
+inside the request context and admission middleware (access log, API keys, rate limit, body
+deadline) like every other route, answers domain errors the same way, and is still documented
+by the FastAPI route that declares it.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from agent.api import v2
+from agent.api.errors import HANDLED, handle_error
+
+
+def infer_route(path: str) -> tuple[str, str | None] | None:
+    """(model, version) of a V2 infer path, else None."""
+    parts = path.split("/")
+    if len(parts) == 5 and parts[:3] == ["", "v2", "models"] and parts[4] == "infer":
+        return (parts[3], None) if parts[3] else None
+    if (
+        len(parts) == 7
+        and parts[:3] == ["", "v2", "models"]
+        and parts[4] == "versions"
+        and parts[6] == "infer"
+        and parts[3]
+        and parts[5]
+    ):
+        return parts[3], parts[5]
+    return None
+
+
+class InferFastPath:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = (
+            infer_route(scope["path"])
+            if scope["type"] == "http" and scope["method"] == "POST"
+            else None
+        )
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive, send)
+        try:
+            response = await v2.infer(request, *route)
+        except HANDLED as exc:
+            response = await handle_error(request, exc)
+        await response(scope, receive, send)
