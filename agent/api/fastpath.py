@@ -5,8 +5,9 @@ Under load the agent's event loop is its bottleneck, and for a small model FastA
 wrappers) costs more than the inference itself. ``POST /v2/models/{m}[/versions/{v}]/infer``
 is recognised here from the path and handed to :func:`agent.api.v2.infer` directly. It runs
 inside the request context and admission middleware (access log, API keys, rate limit, body
-deadline) like every other route, answers domain errors the same way, and is still documented
-by the FastAPI route that declares it.
+deadline) like every other route, answers errors with the same handler, and is still documented
+by the FastAPI route that declares it. It also skips FastAPI's outer middleware (server errors,
+its own body limit: the handler enforces ``max_request_bytes`` itself).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent.api import v2
-from agent.api.errors import HANDLED, handle_error
+from agent.api.errors import handle_error
 
 
 def infer_route(path: str) -> tuple[str, str | None] | None:
@@ -36,6 +37,8 @@ def infer_route(path: str) -> tuple[str, str | None] | None:
 
 
 class InferFastPath:
+    """Wraps the FastAPI app (``app``); everything but the infer routes goes to it."""
+
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
@@ -48,9 +51,10 @@ class InferFastPath:
         if route is None:
             await self.app(scope, receive, send)
             return
+        scope["app"] = self.app  # what Starlette would set: handlers reach their state by it
         request = Request(scope, receive, send)
         try:
             response = await v2.infer(request, *route)
-        except HANDLED as exc:
+        except Exception as exc:  # a bug answers 500 with the error body, and is logged
             response = await handle_error(request, exc)
         await response(scope, receive, send)
