@@ -10,6 +10,7 @@ import argparse
 import json
 import platform
 import statistics
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -172,7 +173,10 @@ def render(
     fleet: dict[str, Any] | None,
     out: Path,
     command: str,
+    extra: Sequence[Path] = (),
 ) -> Path:
+    """Write ``out/benchmarks.md`` and its plots; ``extra`` are markdown files appended (the
+    fleet benchmark's scaling notes)."""
     images = out / "benchmarks"
     images.mkdir(parents=True, exist_ok=True)
     info = machine()
@@ -197,6 +201,8 @@ def render(
         lines += footprint_section(footprint)
     if fleet:
         lines += fleet_section(fleet)
+    for path in extra:
+        lines += [path.read_text().strip(), ""]
     target = out / "benchmarks.md"
     target.write_text("\n".join(lines).rstrip() + "\n")
     return target

@@ -61,7 +61,13 @@ def _step(args: list[str]) -> None:
     help="Repetitions of every measurement (medians are reported).",
 )
 def bench(
-    out: Path, results: Path, quick: bool, skip: tuple[str, ...], devices: tuple[int, ...]
+    out: Path,
+    results: Path,
+    quick: bool,
+    skip: tuple[str, ...],
+    devices: tuple[int, ...],
+    duration: float,
+    repeat: int,
 ) -> None:
     """Run the benchmark suite and write docs/benchmarks.md."""
     results.mkdir(parents=True, exist_ok=True)
@@ -89,7 +95,12 @@ def bench(
     from agent.bench.report import render  # matplotlib: not at CLI start-up
 
     command = shlex.join(["edgefleet", "bench", *sys.argv[2:]])
-    target = render(_load(serving), _load(footprint), _load(fleet), out, command)
+    extra = []
+    spec = importlib.util.find_spec("control_plane.bench")
+    if fleet.exists() and spec is not None and spec.submodule_search_locations:
+        scaling = Path(list(spec.submodule_search_locations)[0]) / "SCALING.md"
+        extra = [scaling] if scaling.exists() else []
+    target = render(_load(serving), _load(footprint), _load(fleet), out, command, extra)
     click.echo(target)
 
 

@@ -3,6 +3,7 @@ batch statistics read back from the agent, and the report with its goals and plo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from agent.bench.bodies import make_bodies
@@ -92,3 +93,24 @@ def test_report_writes_tables_and_plots(tmp_path: Path) -> None:
         png = tmp_path / "benchmarks" / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"(benchmarks/{name})" in text
+
+
+def test_bench_command_renders_saved_results(tmp_path: Path) -> None:
+    """``edgefleet bench`` with every part skipped renders the results it finds."""
+    from click.testing import CliRunner
+
+    from agent.bench.run import bench
+
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "serving.json").write_text(json.dumps(_serving(300, 100)))
+    out = tmp_path / "docs"
+    args = ["--out", str(out), "--results", str(results), "--duration", "1", "--repeat", "1"]
+    args += ["--skip", "serving", "--skip", "footprint", "--skip", "fleet"]
+    result = CliRunner().invoke(bench, args)
+    assert result.exit_code == 0, result.output
+    text = (out / "benchmarks.md").read_text()
+    assert (
+        "| mlp, JSON V2, c=32: agent / plain FastAPI | >= 2 x | 3.00 x (300 vs 100 req/s) | met |"
+        in text
+    )
