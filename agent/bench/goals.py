@@ -141,7 +141,7 @@ def footprint_goals(footprint: dict[str, Any]) -> list[Goal]:
 def fleet_goals(fleet: dict[str, Any]) -> list[Goal]:
     goals = []
     for size in fleet.get("sizes", []):
-        if size["devices"] < 5000:
+        if size["devices"] != 5000:  # the goals are stated for 5,000
             continue
         s = size.get("summary") or {}
         t = s.get("rollout_99pct_committed_s")

@@ -18,7 +18,7 @@ def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 def _phase_usage(size: dict[str, Any], phase: str) -> tuple[str, str]:
     usage = size.get(phase) or {}
     cp = usage.get("control_plane", usage)
-    return num(cp.get("cpu_cores"), 2), num(cp.get("rss_mb") or cp.get("max_rss_mb"), 0)
+    return num(cp.get("cpu_cores"), 2), num(cp.get("rss_mib") or cp.get("rss_mb"), 0)
 
 
 def fleet_section(fleet: dict[str, Any]) -> list[str]:
