@@ -4,36 +4,15 @@ use to count telemetry end to end."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from sqlalchemy import create_engine, text
 
 from control_plane.db.session import sync_url
-from tests.fleet.artifacts import ArtifactServer, artifact_server
-from tests.fleet.publisher import Fleet
-from tests.mqtt_broker import Mosquitto
 
+# the same broker, artifact server and fleet side as the fleet tests
+from tests.fleet.conftest import artifacts, broker, fleet
 
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Mosquitto]:
-    mosquitto = Mosquitto(tmp_path / "broker").start()
-    yield mosquitto
-    mosquitto.stop()
-
-
-@pytest.fixture
-def artifacts(tmp_path: Path) -> Iterator[ArtifactServer]:
-    with artifact_server(tmp_path / "artifacts") as server:
-        yield server
-
-
-@pytest.fixture
-def fleet(broker: Mosquitto, artifacts: ArtifactServer) -> Iterator[Fleet]:
-    f = Fleet(broker.url, artifacts)
-    yield f
-    f.close()
+__all__ = ["artifacts", "broker", "fleet"]
 
 
 def stored_seqs(db_url: str, device_id: str) -> set[int]:
