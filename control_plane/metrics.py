@@ -63,18 +63,27 @@ class FleetMetrics:
         self.rejects.labels(topic, code).inc()
 
     def ingested(self, samples: list[dict[str, Any]], messages: int, events: int) -> None:
+        """Count one stored batch: summed per model version first, so the counters move once
+        per version and batch rather than once per sample."""
         self.telemetry.inc(messages)
         self.events.inc(events)
-        worst: dict[tuple[str, str], float] = {}
+        sums: dict[tuple[str, str], list[float]] = {}
         for s in samples:
             key = (s["model"], str(s["version"]))
-            self.requests.labels(*key).inc(s["requests"])
-            self.errors.labels(*key).inc(s["errors"])
-            self.rows.labels(*key).inc(s["rows"])
-            if s["p99_ms"] is not None:
-                worst[key] = max(worst.get(key, 0.0), s["p99_ms"])
-        for key, value in worst.items():
-            self.p99.labels(*key).set(value)
+            acc = sums.get(key)
+            if acc is None:
+                acc = sums[key] = [0, 0, 0, -1.0]
+            acc[0] += s["requests"]
+            acc[1] += s["errors"]
+            acc[2] += s["rows"]
+            if s["p99_ms"] is not None and s["p99_ms"] > acc[3]:
+                acc[3] = s["p99_ms"]
+        for key, (requests, errors, rows, worst) in sums.items():
+            self.requests.labels(*key).inc(requests)
+            self.errors.labels(*key).inc(errors)
+            self.rows.labels(*key).inc(rows)
+            if worst >= 0:
+                self.p99.labels(*key).set(worst)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
