@@ -181,13 +181,23 @@ class Ingestor:
             return None
         return message
 
+    def _enqueue(self, leaf: str, device_id: str, item: tuple[str, Any, Ack | None]) -> None:
+        """Queue a message for the next batch. The broker sends no more unacknowledged QoS 1
+        messages than the connection's Receive Maximum, so only a flood of QoS 0 messages can
+        fill the queue: those are refused."""
+        try:
+            self._queue.put_nowait(item)
+        except asyncio.QueueFull:
+            self.reject(leaf, "overloaded", device_id, "ingest queue full")
+            _call(item[2])
+
     def _fits(self, leaf: str, device_id: str, table: Any, rows: list[dict[str, Any]]) -> bool:
         why = unstorable(table, rows)
         if why:
             self.reject(leaf, "out_of_range", device_id, why)
         return why is None
 
-    async def status(self, device_id: str, payload: bytes, ack: Ack | None = None) -> None:
+    def status(self, device_id: str, payload: bytes, ack: Ack | None = None) -> None:
         """Queue a device's birth or will. ``ack`` (given by the MQTT adapter) acknowledges
         the message to the broker: it is called once the message is stored or refused, so a
         crash before that has the broker deliver it again."""
@@ -210,9 +220,9 @@ class Ingestor:
             return
         # Written with the next batch, in order with the device's events: one transaction per
         # status would make a rollout to N devices wait for N commits in the receive loop.
-        await self._queue.put(("status", status, ack))
+        self._enqueue("status", device_id, ("status", status, ack))
 
-    async def telemetry(self, device_id: str, payload: bytes, ack: Ack | None = None) -> None:
+    def telemetry(self, device_id: str, payload: bytes, ack: Ack | None = None) -> None:
         message = self._parse("telemetry", Telemetry, device_id, payload)
         if message is None:
             _call(ack)
@@ -223,16 +233,16 @@ class Ingestor:
         if self._fits("telemetry", device_id, DeviceSample.__table__, [rows[0]]) and self._fits(
             "telemetry", device_id, TelemetrySample.__table__, rows[1]
         ):
-            await self._queue.put(("telemetry", rows, ack))
+            self._enqueue("telemetry", device_id, ("telemetry", rows, ack))
         else:
             _call(ack)
 
-    async def event(self, device_id: str, payload: bytes, ack: Ack | None = None) -> None:
+    def event(self, device_id: str, payload: bytes, ack: Ack | None = None) -> None:
         event = self._parse("events", UpdateEvent, device_id, payload)
         if event is not None and self._fits(
             "events", device_id, UpdateEventRecord.__table__, [event_row(event)]
         ):
-            await self._queue.put(("event", event, ack))
+            self._enqueue("events", device_id, ("event", event, ack))
         else:
             _call(ack)
 

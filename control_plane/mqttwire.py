@@ -537,6 +537,16 @@ class Connection(asyncio.Protocol):
             # NOTE: the server closes on DISCONNECT (3.14.4); we close if it does not
             self._linger = self._loop.call_later(_LINGER_S, self.transport.abort)
 
+    async def aclose(self) -> None:
+        """:meth:`close`, and wait until the connection has ended (at most the linger time),
+        so no transport outlives its event loop."""
+        self.close()
+        if self.transport is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self.closed), _LINGER_S)
+            except TimeoutError:
+                self.transport.abort()
+
 
 async def connect(
     host: str,

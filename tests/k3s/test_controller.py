@@ -126,7 +126,11 @@ def test_failed_rollout_shows_its_rollback_in_status_fake_k8s_api(
         assert conditions(status)["RolledBack"] == ("True", "GateFailed")
         assert conditions(status)["Progressing"] == ("False", "RolledBack")
         assert served(a) == "1" and served(b) == "1"
-        assert "RollingBack" in [p.get("phase") for _, p in kube.status_patches]
+        # RollingBack shows between them when a status write falls inside the rollback (a
+        # one-device rollback can finish within one status interval)
+        phases = [p.get("phase") for _, p in kube.status_patches if p.get("phase")]
+        assert phases[0] == "Running" and phases[-1] == "RolledBack", phases
+        assert set(phases) <= {"Running", "RollingBack", "RolledBack"}, phases
 
 
 def test_pause_resume_abort_and_a_refused_rollout_fake_k8s_api(
