@@ -132,7 +132,7 @@ class FleetBus:
             # Device messages are acknowledged once stored, not on receipt (a control plane
             # killed with a batch in memory gets it again): this many may await their
             # acknowledgement at once, and the ingest batch is written when it holds them.
-            receive_maximum=min(s.mqtt_broker_inflight, 65535),
+            receive_maximum=s.mqtt_broker_inflight,
         )
 
     async def _session(self, conn: mqttwire.Connection) -> None:

@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
@@ -143,9 +143,13 @@ class Ingestor:
         batch_size: int,
         max_delay_s: float,
         ack_window: int = 20,
+        last_seen_resolution_s: float = 5.0,
     ) -> None:
         """``ack_window``: how many unacknowledged messages the broker sends at once; a batch
-        holding that many is written at once (the broker sends no more until it is)."""
+        holding that many is written at once (the broker sends no more until it is).
+        ``last_seen_resolution_s``: a device's ``last_seen`` is rewritten only once it has
+        moved this far (the telemetry rows keep every time): the inventory row is wide, and
+        rewriting it for every message cost more than storing the message."""
         self.sessions = sessions
         self.metrics = metrics
         self.batch_size = batch_size
@@ -155,6 +159,8 @@ class Ingestor:
         self.listeners: list[EventListener] = []
         self.on_device_online: list[Callable[[str], Awaitable[None]]] = []
         self.stored = 0
+        self.last_seen_resolution = timedelta(seconds=last_seen_resolution_s)
+        self._seen_written: dict[str, datetime] = {}
 
     # -- entry points (called by the MQTT adapter) ----------------------------------------
 
@@ -336,7 +342,7 @@ class Ingestor:
                 statuses.append(message)
                 continue
             device_row, sample_rows = message
-            device_id, at = device_row["device_id"], device_row["time"]
+            device_id, at = device_row["device_id"], _utc(device_row["time"])
             seen[device_id] = max(seen.get(device_id, at), at)
             devices.append(device_row)
             samples.extend(sample_rows)
@@ -349,6 +355,12 @@ class Ingestor:
             await insert_ignore(
                 session, UpdateEventRecord.__table__, [event_row(e) for e in events]
             )
+            seen = {
+                d: w
+                for d, w in seen.items()
+                if (last := self._seen_written.get(d)) is None
+                or w - last >= self.last_seen_resolution
+            }
             if seen:
                 # An executemany, not an ORM bulk UPDATE by primary key: that one fails the
                 # whole batch (StaleDataError) when one sender is not in the inventory yet.
@@ -361,6 +373,7 @@ class Ingestor:
                     .values(last_seen=bindparam("seen")),
                     [{"device": d, "seen": w} for d, w in seen.items()],
                 )
+        self._seen_written |= seen
         self.stored += len(batch)
         self.metrics.ingested(samples, len(devices), len(events))
         for status in statuses:
@@ -406,6 +419,11 @@ class Ingestor:
                 device.reported_labels = dict(status.labels)
                 device.models = [m.model_dump() for m in status.models]
         return came_online
+
+
+def _utc(at: datetime) -> datetime:
+    """``at`` as an aware time (a device's naive time is taken as UTC), so times compare."""
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 def _call(ack: Ack | None) -> None:

@@ -41,6 +41,7 @@ def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
         batch_size=settings.ingest_batch_size,
         max_delay_s=settings.ingest_max_delay_s,
         ack_window=settings.mqtt_broker_inflight,
+        last_seen_resolution_s=settings.last_seen_resolution_s,
     )
     bus = FleetBus(settings, ingestor)
     rollouts = RolloutEngine(

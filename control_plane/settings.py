@@ -74,10 +74,14 @@ class ControlPlaneSettings(BaseSettings):
     ingest_batch_size: int = Field(default=500, gt=0)
     ingest_max_delay_s: float = Field(default=0.2, gt=0)
     """Longest a device message waits to be written with others."""
-    mqtt_broker_inflight: int = Field(default=20, ge=1)
-    """Unacknowledged QoS 1 messages the broker sends the control plane at once (Mosquitto's
-    ``max_inflight_messages``, 20 by default). Device messages are acknowledged only once
-    stored, so a batch is written as soon as this many wait: raise both together."""
+    mqtt_broker_inflight: int = Field(default=20, ge=1, le=65535)
+    """Unacknowledged QoS 1 messages the broker sends the control plane at once: the Receive
+    Maximum it asks for, and Mosquitto also holds it to its ``max_inflight_messages`` (20 by
+    default). Device messages are acknowledged only once stored, so a batch is written as soon
+    as this many wait: raise both together (1,000 lets one batch carry a second of a large
+    fleet's telemetry)."""
+    last_seen_resolution_s: float = Field(default=5.0, ge=0)
+    """A device's ``last_seen`` in the inventory is rewritten once it has moved this far."""
     validation_rtol: float = Field(default=1e-3, gt=0)
     validation_atol: float = Field(default=1e-3, gt=0)
     accuracy_margin: float = Field(default=0.01, ge=0)

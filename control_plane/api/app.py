@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -32,6 +33,9 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
         if await bootstrap_admin(svc.sessions, token_file):
             log.warning("created the first admin token", extra={"file": str(token_file)})
         await trust.ensure()
+        # what is alive now lives as long as the process: out of the cyclic collector's
+        # full passes, which otherwise rescan it while thousands of messages a second churn
+        gc.freeze()
         tasks = [
             asyncio.create_task(svc.bus.run(), name="mqtt"),
             asyncio.create_task(svc.ingestor.run(), name="ingest"),
