@@ -43,6 +43,12 @@ class FleetBus:
         self._commands: list[tuple[str, bytes]] = []
         self._wake = asyncio.Event()
         self.published = 0
+        self._conn: mqttwire.Connection | None = None
+        # Reading stops while this many device messages wait for the batch writer, and
+        # resumes once a batch brought them under one batch: the broker keeps the rest.
+        self.queue_high = 4 * ingestor.batch_size
+        self.queue_low = ingestor.batch_size
+        ingestor.on_batch_written.append(self._maybe_resume)
 
     # -- outgoing ---------------------------------------------------------------------------
 
@@ -145,6 +151,7 @@ class FleetBus:
                 for leaf in ("status", "telemetry", "events")
             ]
         )
+        self._conn = conn
         self.connected.set()
         log.info("connected to the broker")
         sender = asyncio.create_task(self._send(conn), name="mqtt-send")
@@ -157,10 +164,20 @@ class FleetBus:
             raise error  # a publish failed (MqttError: reconnect) or a bug (not hidden)
         raise mqttwire.MqttError(conn.close_reason or "connection closed")
 
+    def _maybe_resume(self) -> None:
+        conn = self._conn
+        if conn is not None and conn.reading_paused and self.ingestor.queued <= self.queue_low:
+            conn.resume_reading()
+
     def _on_message(self, topic: str, payload: bytes, ack: Ack | None) -> None:
         """One device message, as the connection reads it (synchronously: what the ingestor
-        queues waits for its batch; the broker's Receive Maximum bounds how many)."""
+        queues waits for its batch; the broker's Receive Maximum bounds how many, and reading
+        pauses past ``queue_high`` whatever the broker does)."""
         ingestor = self.ingestor
+        conn = self._conn
+        if ingestor.queued >= self.queue_high and conn is not None and not conn.reading_paused:
+            conn.pause_reading()
+            ingestor.metrics.read_pauses.inc()
         parsed = self.topics.parse(topic)
         if parsed is None:
             ingestor.reject("unknown", "wrong_topic", topic[:200], "no device topic")

@@ -159,6 +159,8 @@ class Ingestor:
         self.listeners: list[EventListener] = []
         self.on_device_online: list[Callable[[str], Awaitable[None]]] = []
         self.stored = 0
+        self.on_batch_written: list[Callable[[], None]] = []
+        """Called after each batch (the MQTT adapter resumes reading when the queue drained)."""
         self.last_seen_resolution = timedelta(seconds=last_seen_resolution_s)
         self._seen_written: dict[str, datetime] = {}
 
@@ -186,6 +188,10 @@ class Ingestor:
             self.reject(leaf, "wrong_device", device_id, f"{leaf} for device {claimed!r}")
             return None
         return message
+
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()
 
     def _enqueue(self, leaf: str, device_id: str, item: tuple[str, Any, Ack | None]) -> None:
         """Queue a message for the next batch. The broker sends no more unacknowledged QoS 1
@@ -282,8 +288,12 @@ class Ingestor:
                 self.metrics.rejected("ingest", "write_failed")
                 log.exception("telemetry batch not stored", extra={"messages": len(batch)})
                 _ack_all(batch)
+                for callback in self.on_batch_written:
+                    callback()
                 continue
             _ack_all(batch)
+            for callback in self.on_batch_written:
+                callback()
             await self._notify([m for kind, m, _ in batch if kind == "event"])
 
     async def drain(self) -> None:

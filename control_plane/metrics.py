@@ -52,6 +52,11 @@ class FleetMetrics:
         self.rejects = Counter(
             "edgefleet_messages_rejected", "Device messages refused", ["topic", "code"], registry=r
         )
+        self.read_pauses = Counter(
+            "edgefleet_mqtt_read_pauses",
+            "Times reading device messages stopped while the ingest queue was full",
+            registry=r,
+        )
         self._online: dict[str, bool] = {}
         self.rollout_states: dict[str, int] = {}
         r.register(_StateCollector(self))

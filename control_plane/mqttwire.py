@@ -196,6 +196,7 @@ class Connection(asyncio.Protocol):
         self._slots = 0
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._last_rx = self._loop.time()
+        self.reading_paused = False
         self._ping_timer: asyncio.TimerHandle | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self._linger: asyncio.TimerHandle | None = None
@@ -391,11 +392,30 @@ class Connection(asyncio.Protocol):
 
     def _check_silence(self) -> None:
         limit = 1.5 * self.keepalive_s
+        if self.reading_paused:
+            self._last_rx = self._loop.time()  # unread, not unsent: the socket holds it
         silent = self._loop.time() - self._last_rx
         if silent >= limit:
             self._fail(f"nothing from the broker for {silent:.1f} s (keep alive {limit:g} s)")
         else:
             self._watchdog = self._loop.call_later(limit - silent, self._check_silence)
+
+    # -- flow control -----------------------------------------------------------------------
+
+    def pause_reading(self) -> None:
+        """Read nothing more until :meth:`resume_reading`: what the broker sends waits in the
+        socket, then in the broker (a consumer whose queue is full, whatever the broker's
+        in-flight limit lets through)."""
+        if not self.reading_paused and self.transport is not None and not self._closing:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.reading_paused:
+            self.reading_paused = False
+            self._last_rx = self._loop.time()
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
 
     # -- acknowledgements -------------------------------------------------------------------
 

@@ -424,6 +424,32 @@ def test_pings_keep_an_idle_connection_up(own_broker: Mosquitto) -> None:
     assert inbox.payloads == [b"still here"]
 
 
+def test_paused_reading_holds_messages_in_the_broker_and_outlives_the_keep_alive(
+    own_broker: Mosquitto,
+) -> None:
+    async def scenario() -> tuple[Inbox, Connection, int, int]:
+        inbox = Inbox()
+        sub = await connect(HOST, own_broker.port, "cp-pause", inbox, keepalive_s=1)
+        await sub.subscribe([("pause/#", 1)])
+        sub.pause_reading()
+        pub = await connect(HOST, own_broker.port, "pub-pause", Inbox(), clean_start=True)
+        await asyncio.gather(*(pub.publish("pause/x", b"%d" % i) for i in range(200)))
+        # paused past twice the keep alive: the connection stays, nothing is read meanwhile
+        await asyncio.sleep(3)
+        while_paused = len(inbox.messages)
+        still_open = int(not sub.closed.done())
+        sub.resume_reading()
+        await inbox.until(200)
+        await close_and_wait(pub)
+        await close_and_wait(sub)
+        return inbox, sub, while_paused, still_open
+
+    inbox, sub, while_paused, still_open = run(scenario())
+    assert while_paused == 0 and still_open == 1
+    assert inbox.payloads == [b"%d" % i for i in range(200)]
+    assert sub.close_reason is None
+
+
 def test_a_silent_broker_is_given_up_on(own_broker: Mosquitto) -> None:
     async def scenario() -> Connection:
         conn = await connect(HOST, own_broker.port, "cp-silent", Inbox(), keepalive_s=1)
