@@ -141,8 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--idle-s", type=float, default=10.0)
     p.add_argument("--timeout-s", type=float, default=300.0)
     p.add_argument("--ingest-step-s", type=float, default=10.0, help="0 skips ingest")
-    p.add_argument("--ingest-start-per-s", type=float, default=500.0)
-    p.add_argument("--ingest-factor", type=float, default=1.4)
+    p.add_argument("--ingest-start-per-s", type=float, default=2000.0)
+    p.add_argument("--ingest-factor", type=float, default=1.25)
     args = p.parse_args(argv)
     doc: dict[str, Any] = {
         "command": " ".join(
