@@ -19,8 +19,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import BigInteger, Integer, String, Table, bindparam, select, update
+from sqlalchemy import BigInteger, Float, Integer, String, Table, bindparam, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import DATETIME as SQLITE_DATETIME
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
@@ -29,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agent.protocol.messages import DeviceStatus, Telemetry, UpdateEvent
 from control_plane.db.models import Device, DeviceSample, TelemetrySample, UpdateEventRecord
 from control_plane.db.session import database_unavailable
-from control_plane.metrics import FleetMetrics
+from control_plane.metrics import FleetMetrics, VersionSums
 
 log = logging.getLogger("edgefleet.control_plane.ingest")
 
@@ -42,22 +43,43 @@ RETRY_MAX_S = 5.0
 M = TypeVar("M", bound=BaseModel)
 
 
-async def insert_ignore(session: AsyncSession, table: Any, rows: list[dict[str, Any]]) -> None:
-    """INSERT ... ON CONFLICT DO NOTHING, in the dialect of the session's database.
+async def insert_ignore(
+    session: AsyncSession,
+    table: Any,
+    rows: list[dict[str, Any]],
+    memo: dict[int, Any] | None = None,
+) -> None:
+    """INSERT ... ON CONFLICT DO NOTHING, in the dialect of the session's database, of rows
+    that all have the same keys."""
+    if rows:
+        names = tuple(rows[0])
+        await insert_rows(session, table, names, _tuples(names, rows), memo)
 
-    Rows (all with the same keys) go to the driver's executemany as tuples, through a statement
-    and bind processors prepared once per table: SQLAlchemy's per-row parameter processing cost
-    more than the database's own work at thousands of telemetry messages a second."""
+
+async def insert_rows(
+    session: AsyncSession,
+    table: Any,
+    names: tuple[str, ...],
+    rows: list[tuple[Any, ...]],
+    memo: dict[int, Any] | None = None,
+) -> None:
+    """INSERT ... ON CONFLICT DO NOTHING of rows given as tuples of the columns ``names``.
+
+    They go to the driver's executemany through a statement and bind processors prepared once
+    per table: SQLAlchemy's per-row parameter processing cost more than the database's own
+    work at thousands of telemetry messages a second."""
     if not rows:
         return
     conn = await session.connection()
-    raw = _raw_insert(conn.dialect, table, tuple(rows[0]))
+    raw = _raw_insert(conn.dialect, table, names)
     if raw is None:  # a driver whose parameter style we do not write by hand
         dialect = conn.dialect.name
         stmt = (pg_insert if dialect == "postgresql" else sqlite_insert)(table)
-        await session.execute(stmt.on_conflict_do_nothing(), rows)
+        await session.execute(
+            stmt.on_conflict_do_nothing(), [dict(zip(names, row, strict=True)) for row in rows]
+        )
         return
-    await conn.exec_driver_sql(raw.sql, raw.params(rows))
+    await conn.exec_driver_sql(raw.sql, raw.params(rows, memo))
 
 
 async def execute_many(
@@ -75,7 +97,11 @@ async def execute_many(
     if statement is None:
         await session.execute(fallback, rows)
     else:
-        await conn.exec_driver_sql(statement.sql, statement.params(rows))
+        await conn.exec_driver_sql(statement.sql, statement.params(_tuples(statement.names, rows)))
+
+
+def _tuples(names: tuple[str, ...], rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [tuple([row[n] for n in names]) for row in rows]
 
 
 @dataclass(frozen=True)
@@ -87,15 +113,28 @@ class RawStatement:
     names: tuple[str, ...]
     processors: tuple[Callable[[Any], Any] | None, ...]
 
-    def params(self, rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-        names = self.names
-        if not any(self.processors):
-            return [tuple([row[n] for n in names]) for row in rows]
-        pairs = list(zip(names, self.processors, strict=True))
-        return [
-            tuple([row[n] if f is None or row[n] is None else f(row[n]) for n, f in pairs])
-            for row in rows
-        ]
+    def params(
+        self, rows: list[tuple[Any, ...]], memo: dict[int, Any] | None = None
+    ) -> list[tuple[Any, ...]]:
+        """The rows (tuples in the order of ``names``) with their values processed. ``memo``
+        keeps processed values by the identity of the object processed, for rows that share
+        it (a telemetry message's time is in its device row and each of its model rows): the
+        caller keeps the rows, and so the objects, alive while it keeps the memo."""
+        fixes = [(i, f) for i, f in enumerate(self.processors) if f is not None]
+        if not fixes:
+            return rows
+        memo = {} if memo is None else memo
+        out: list[tuple[Any, ...]] = []
+        for row in rows:
+            values = list(row)
+            for i, f in fixes:
+                if (value := values[i]) is not None:
+                    done = memo.get(id(value))
+                    if done is None:
+                        done = memo[id(value)] = f(value)
+                    values[i] = done
+            out.append(tuple(values))
+        return out
 
 
 def _placeholder(dialect: Dialect) -> str | None:
@@ -103,7 +142,29 @@ def _placeholder(dialect: Dialect) -> str | None:
 
 
 def _processors(dialect: Dialect, table: Any, names: tuple[str, ...]) -> tuple[Any, ...]:
-    return tuple(table.c[n].type.dialect_impl(dialect).bind_processor(dialect) for n in names)
+    out = []
+    for n in names:
+        impl = table.c[n].type.dialect_impl(dialect)
+        processor = impl.bind_processor(dialect)
+        if isinstance(impl, SQLITE_DATETIME) and impl._storage_format == SQLITE_DATETIME_FORMAT:
+            processor = functools.partial(_sqlite_datetime, processor)
+        out.append(processor)
+    return tuple(out)
+
+
+SQLITE_DATETIME_FORMAT = (
+    "%(year)04d-%(month)02d-%(day)02d %(hour)02d:%(minute)02d:%(second)02d.%(microsecond)06d"
+)
+"""SQLAlchemy's default storage format for SQLite datetimes, which ``_sqlite_datetime`` writes."""
+
+
+def _sqlite_datetime(general: Callable[[Any], Any], value: Any) -> Any:
+    """SQLAlchemy's text form of a datetime in SQLite (its wall time, microseconds always),
+    through ``isoformat``: the general processor (a %-format of a dict) was a tenth of the
+    control plane's ingest time."""
+    if type(value) is datetime:  # its first 26 characters: the wall time, with no offset
+        return value.isoformat(" ", "microseconds")[:26]
+    return general(value)
 
 
 @functools.cache
@@ -239,15 +300,17 @@ class Ingestor:
         if message is None:
             _call(ack)
             return
-        rows = telemetry_rows(message)
+        device, samples = telemetry_rows(message)
         # Checked here, one message at a time: a value the database refuses would otherwise
         # fail the whole batch, and with it other devices' telemetry.
-        if self._fits("telemetry", device_id, DeviceSample.__table__, [rows[0]]) and self._fits(
-            "telemetry", device_id, TelemetrySample.__table__, rows[1]
-        ):
-            self._enqueue("telemetry", device_id, ("telemetry", rows, ack))
-        else:
+        why = unstorable_rows(
+            DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS, [device]
+        ) or unstorable_rows(TelemetrySample.__table__, SAMPLE_COLUMNS, samples)
+        if why:
+            self.reject("telemetry", "out_of_range", device_id, why)
             _call(ack)
+        else:
+            self._enqueue("telemetry", device_id, ("telemetry", (device, samples), ack))
 
     def event(self, device_id: str, payload: bytes, ack: Ack | None = None) -> None:
         event = self._parse("events", UpdateEvent, device_id, payload)
@@ -263,21 +326,26 @@ class Ingestor:
     async def run(self) -> None:
         while True:
             batch = [await self._queue.get()]
+            unacked = int(batch[0][2] is not None)
             deadline = time.monotonic() + self.max_delay_s
             while len(batch) < self.batch_size:
                 # what is queued already is taken as it is: a wait_for (a task) per message
                 # cost more than the insert under load
                 while len(batch) < self.batch_size and not self._queue.empty():
-                    batch.append(self._queue.get_nowait())
+                    item = self._queue.get_nowait()
+                    batch.append(item)
+                    unacked += item[2] is not None
                 remaining = deadline - time.monotonic()
                 if len(batch) >= self.batch_size or remaining <= 0:
                     break
-                if self._queue.empty() and _unacked(batch) >= self.ack_window:
-                    break  # the broker sends no more until these are acknowledged
+                if unacked >= self.ack_window:
+                    break  # queue empty; the broker sends no more until these are acknowledged
                 try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                    item = await asyncio.wait_for(self._queue.get(), remaining)
                 except TimeoutError:
                     break
+                batch.append(item)
+                unacked += item[2] is not None
             try:
                 # while the database is away the batch waits here, and what follows it waits
                 # in the queue and then in the broker: held, not dropped
@@ -339,8 +407,8 @@ class Ingestor:
                 log.exception("update events not acted on", extra={"events": len(events)})
 
     async def _write(self, batch: list[tuple[str, Any, Ack | None]]) -> None:
-        samples: list[dict[str, Any]] = []
-        devices: list[dict[str, Any]] = []
+        samples: list[tuple[Any, ...]] = []
+        devices: list[tuple[Any, ...]] = []
         events: list[UpdateEvent] = []
         statuses: list[DeviceStatus] = []
         seen: dict[str, datetime] = {}
@@ -352,16 +420,18 @@ class Ingestor:
                 statuses.append(message)
                 continue
             device_row, sample_rows = message
-            device_id, at = device_row["device_id"], _utc(device_row["time"])
-            seen[device_id] = max(seen.get(device_id, at), at)
+            device_id, at = device_row[0], device_row[TIME]
+            if (before := seen.get(device_id)) is None or at > before:
+                seen[device_id] = at
             devices.append(device_row)
             samples.extend(sample_rows)
         came_online: list[str] = []
         async with self.sessions.begin() as session:
             if statuses:
                 came_online = await self._presence(session, statuses)
-            await insert_ignore(session, DeviceSample.__table__, devices)
-            await insert_ignore(session, TelemetrySample.__table__, samples)
+            memo: dict[int, Any] = {}  # a message's time, formatted once for both tables
+            await insert_rows(session, DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS, devices, memo)
+            await insert_rows(session, TelemetrySample.__table__, SAMPLE_COLUMNS, samples, memo)
             await insert_ignore(
                 session, UpdateEventRecord.__table__, [event_row(e) for e in events]
             )
@@ -385,7 +455,7 @@ class Ingestor:
                 )
         self._seen_written |= seen
         self.stored += len(batch)
-        self.metrics.ingested(samples, len(devices), len(events))
+        self.metrics.ingested(per_version(samples), len(devices), len(events))
         for status in statuses:
             self.metrics.set_online(status.device_id, status.online)
         for device_id in came_online:
@@ -432,8 +502,9 @@ class Ingestor:
 
 
 def _utc(at: datetime) -> datetime:
-    """``at`` as an aware time (a device's naive time is taken as UTC), so times compare."""
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+    """``at`` in UTC (a device's naive time is taken as UTC), so times compare: SQLite keeps
+    a datetime's wall time and drops its offset."""
+    return at.astimezone(UTC) if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 def _call(ack: Ack | None) -> None:
@@ -441,53 +512,99 @@ def _call(ack: Ack | None) -> None:
         ack()
 
 
-def _unacked(batch: list[tuple[str, Any, Ack | None]]) -> int:
-    return sum(1 for *_, ack in batch if ack is not None)
-
-
 def _ack_all(batch: list[tuple[str, Any, Ack | None]]) -> None:
     for *_, ack in batch:
         _call(ack)
 
 
-def telemetry_rows(t: Telemetry) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The device_telemetry row and the telemetry rows (one per model) of a message."""
-    device = {
-        "device_id": t.device_id,
-        "seq": t.seq,
-        "time": t.time,
-        "cpu_percent": t.device.cpu_percent,
-        "memory_used_bytes": t.device.memory_used_bytes,
-        "temperature_c": t.device.temperature_c,
-        "dropped": t.dropped,
-    }
+DEVICE_SAMPLE_COLUMNS = (
+    "device_id",
+    "seq",
+    "time",
+    "cpu_percent",
+    "memory_used_bytes",
+    "temperature_c",
+    "dropped",
+)
+SAMPLE_COLUMNS = (
+    "device_id",
+    "seq",
+    "time",
+    "window_s",
+    "model",
+    "version",
+    "requests",
+    "errors",
+    "rows",
+    "batches",
+    "p50_ms",
+    "p95_ms",
+    "p99_ms",
+    "queue_depth",
+)
+TIME = 2
+"""Where both kinds of telemetry row keep the message's time."""
+MODEL, VERSION, REQUESTS, ERRORS, ROWS, P99 = (
+    SAMPLE_COLUMNS.index(c) for c in ("model", "version", "requests", "errors", "rows", "p99_ms")
+)
+
+
+def telemetry_rows(t: Telemetry) -> tuple[tuple[Any, ...], list[tuple[Any, ...]]]:
+    """The device_telemetry row and the telemetry rows (one per model) of a message, as tuples
+    of DEVICE_SAMPLE_COLUMNS and SAMPLE_COLUMNS (ingest builds them for every message)."""
+    at, d = _utc(t.time), t.device
+    device = (
+        t.device_id,
+        t.seq,
+        at,
+        d.cpu_percent,
+        d.memory_used_bytes,
+        d.temperature_c,
+        t.dropped,
+    )
     samples = [
-        {
-            "device_id": t.device_id,
-            "seq": t.seq,
-            "time": t.time,
-            "window_s": t.window_s,
-            "model": m.model,
-            "version": m.version,
-            "requests": m.requests,
-            "errors": m.errors,
-            "rows": m.rows,
-            "batches": m.batches,
-            "p50_ms": m.p50_ms,
-            "p95_ms": m.p95_ms,
-            "p99_ms": m.p99_ms,
-            "queue_depth": m.queue_depth,
-        }
+        (
+            t.device_id,
+            t.seq,
+            at,
+            t.window_s,
+            m.model,
+            m.version,
+            m.requests,
+            m.errors,
+            m.rows,
+            m.batches,
+            m.p50_ms,
+            m.p95_ms,
+            m.p99_ms,
+            m.queue_depth,
+        )
         for m in t.models
     ]
     return device, samples
+
+
+def per_version(samples: list[tuple[Any, ...]]) -> dict[tuple[str, int], VersionSums]:
+    """Telemetry rows (SAMPLE_COLUMNS) summed per model version, for the fleet's counters."""
+    out: dict[tuple[str, int], VersionSums] = {}
+    for s in samples:
+        key = (s[MODEL], s[VERSION])
+        sums = out.get(key)
+        if sums is None:
+            sums = out[key] = VersionSums()
+        sums.requests += s[REQUESTS]
+        sums.errors += s[ERRORS]
+        sums.rows += s[ROWS]
+        if (p99 := s[P99]) is not None and (sums.worst_p99_ms is None or p99 > sums.worst_p99_ms):
+            sums.worst_p99_ms = p99
+    return out
 
 
 def event_row(e: UpdateEvent) -> dict[str, Any]:
     return {
         "event_id": e.event_id,
         "device_id": e.device_id,
-        "time": e.time,
+        "time": _utc(e.time),
         "model": e.model,
         "version": e.version,
         "sequence": e.sequence,
@@ -503,35 +620,65 @@ COUNTS = frozenset({"requests", "errors", "rows", "batches", "queue_depth", "dro
 """Columns that only count up: a negative value would also fail the fleet's Prometheus counters."""
 
 
+@dataclass(frozen=True)
+class _Checks:
+    """What the columns of a row can refuse, by position in the row: string lengths, integer
+    bounds (and which integers only count up), and the floats (SQLite stores NaN and infinity
+    as NULL)."""
+
+    lengths: tuple[tuple[int, str, int], ...]
+    bounds: tuple[tuple[int, str, int, str, bool], ...]
+    floats: tuple[tuple[int, str], ...]
+
+
 @functools.cache
-def _limits(table: Any) -> dict[str, tuple[int | None, int | None, str]]:
-    """Per column: (integer bound, string length, type name), read once per table (looking
-    columns up per value cost more than parsing the message)."""
-    out: dict[str, tuple[int | None, int | None, str]] = {}
-    for column in table.c:
-        column_type = column.type
-        length = column_type.length if isinstance(column_type, String) else None
-        out[column.name] = (INT_BOUNDS.get(type(column_type)), length, type(column_type).__name__)
-    return out
+def _checks(table: Any, names: tuple[str, ...]) -> _Checks:
+    """Read once per table and row shape: looking columns up per value cost more than parsing
+    the message."""
+    lengths, bounds, floats = [], [], []
+    for i, name in enumerate(names):
+        kind = table.c[name].type
+        if isinstance(kind, String) and kind.length is not None:
+            lengths.append((i, name, kind.length))
+        elif (bound := INT_BOUNDS.get(type(kind))) is not None:
+            bounds.append((i, name, bound, type(kind).__name__, name in COUNTS))
+        elif isinstance(kind, Float):
+            floats.append((i, name))
+    return _Checks(tuple(lengths), tuple(bounds), tuple(floats))
 
 
 def unstorable(table: Any, rows: list[dict[str, Any]]) -> str | None:
     """Why one of these rows cannot be stored (an integer beyond its column, a negative count, a
     string longer than its column, a NaN or infinity where SQLite stores NULL), else None."""
-    limits = _limits(table)
     for row in rows:
-        for name, value in row.items():
-            kind = type(value)  # exact types first: this runs for every value ingested
-            if kind is str or (kind is not int and kind is not float and isinstance(value, str)):
-                length = limits[name][1]
-                if length is not None and len(value) > length:
-                    return f"{name}: {len(value)} characters, at most {length}"
-            elif kind is int or (kind is not bool and isinstance(value, int)):
-                bound, _, type_name = limits[name]
-                if bound is not None and not -bound <= value < bound:
-                    return f"{name}: {value} does not fit a {type_name} column"
-                if value < 0 and name in COUNTS:
-                    return f"{name}: {value} is negative"
-            elif (kind is float or isinstance(value, float)) and not math.isfinite(value):
-                return f"{name}: {value} is not a finite number"
+        names = tuple(row)
+        if why := unstorable_rows(table, names, [tuple(row.values())]):
+            return why
+    return None
+
+
+def unstorable_rows(table: Any, names: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str | None:
+    """:func:`unstorable` for rows given as tuples of the columns ``names``. Runs for every
+    message ingested: the checks are by position, prepared once per row shape."""
+    try:
+        return _unstorable(_checks(table, names), rows)
+    except TypeError as exc:  # a value of another type than its column's
+        return f"a value of the wrong type: {exc}"
+
+
+def _unstorable(checks: _Checks, rows: list[tuple[Any, ...]]) -> str | None:
+    for row in rows:
+        for i, name, length in checks.lengths:
+            if (text := row[i]) is not None and len(text) > length:
+                return f"{name}: {len(text)} characters, at most {length}"
+        for i, name, bound, type_name, count in checks.bounds:
+            if (number := row[i]) is None:
+                continue
+            if not -bound <= number < bound:
+                return f"{name}: {number} does not fit a {type_name} column"
+            if count and number < 0:
+                return f"{name}: {number} is negative"
+        for i, name in checks.floats:
+            if (number := row[i]) is not None and not math.isfinite(number):
+                return f"{name}: {number} is not a finite number"
     return None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
 
 from prometheus_client import (
     CollectorRegistry,
@@ -14,6 +14,16 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+
+@dataclass
+class VersionSums:
+    """One batch's telemetry of one model version, summed."""
+
+    requests: int = 0
+    errors: int = 0
+    rows: int = 0
+    worst_p99_ms: float | None = None
 
 
 class FleetMetrics:
@@ -67,28 +77,20 @@ class FleetMetrics:
     def rejected(self, topic: str, code: str) -> None:
         self.rejects.labels(topic, code).inc()
 
-    def ingested(self, samples: list[dict[str, Any]], messages: int, events: int) -> None:
-        """Count one stored batch: summed per model version first, so the counters move once
-        per version and batch rather than once per sample."""
+    def ingested(
+        self, per_version: dict[tuple[str, int], VersionSums], messages: int, events: int
+    ) -> None:
+        """Count one stored batch, summed per model version (by the ingest), so the counters
+        move once per version and batch rather than once per sample."""
         self.telemetry.inc(messages)
         self.events.inc(events)
-        sums: dict[tuple[str, str], list[float]] = {}
-        for s in samples:
-            key = (s["model"], str(s["version"]))
-            acc = sums.get(key)
-            if acc is None:
-                acc = sums[key] = [0, 0, 0, -1.0]
-            acc[0] += s["requests"]
-            acc[1] += s["errors"]
-            acc[2] += s["rows"]
-            if s["p99_ms"] is not None and s["p99_ms"] > acc[3]:
-                acc[3] = s["p99_ms"]
-        for key, (requests, errors, rows, worst) in sums.items():
-            self.requests.labels(*key).inc(requests)
-            self.errors.labels(*key).inc(errors)
-            self.rows.labels(*key).inc(rows)
-            if worst >= 0:
-                self.p99.labels(*key).set(worst)
+        for (model, version), sums in per_version.items():
+            key = (model, str(version))
+            self.requests.labels(*key).inc(sums.requests)
+            self.errors.labels(*key).inc(sums.errors)
+            self.rows.labels(*key).inc(sums.rows)
+            if sums.worst_p99_ms is not None:
+                self.p99.labels(*key).set(sums.worst_p99_ms)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -147,13 +147,17 @@ class RolloutDevice(Base):
 
 
 class TelemetrySample(Base):
-    """One telemetry window of one model version on one device, as received."""
+    """One telemetry window of one model version on one device, as received.
+
+    Indexed for what is written thousands of times a second: the dedupe key, which also
+    serves queries per device (a device's ``seq`` only grows, and its message's time with
+    it), and the health gates' (model, version, time). An index keyed by device and time
+    cost as much to maintain as the row itself (every batch dirtied pages all over it)."""
 
     __tablename__ = "telemetry"
     __table_args__ = (
         UniqueConstraint("device_id", "seq", "model", "version"),
         Index("ix_telemetry_model_time", "model", "version", "time"),
-        Index("ix_telemetry_device_time", "device_id", "time"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -179,7 +183,8 @@ class DeviceSample(Base):
     __tablename__ = "device_telemetry"
     __table_args__ = (
         UniqueConstraint("device_id", "seq"),
-        Index("ix_device_telemetry_time", "device_id", "time"),
+        # retention deletes by time; rows arrive in time order, so this index only appends
+        Index("ix_device_telemetry_time", "time"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)

@@ -1,0 +1,97 @@
+"""The rows ingest writes, on a real SQLite database: the hand-prepared statements and their
+fast paths must store exactly what SQLAlchemy's own would."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.types import DateTime
+
+from control_plane.db.models import DeviceSample, TelemetrySample
+from control_plane.db.session import make_engine, migrate, session_factory
+from control_plane.ingest import (
+    SAMPLE_COLUMNS,
+    Ingestor,
+    _sqlite_datetime,
+    unstorable_rows,
+)
+from control_plane.metrics import FleetMetrics
+
+TIMES = [
+    datetime(2026, 12, 3, 7, 8, 9, 123456),
+    datetime(2026, 12, 3, 7, 8, 9, tzinfo=UTC),
+    datetime(999, 1, 2, 3, 4, 5, 6),
+    datetime(2026, 12, 3, 7, 8, 9, 1, tzinfo=timezone(timedelta(hours=2))),
+]
+
+
+@pytest.mark.parametrize("at", TIMES, ids=str)
+def test_sqlite_times_are_written_as_sqlalchemy_writes_them(at: datetime) -> None:
+    dialect = sqlite.dialect()
+    general = DateTime().dialect_impl(dialect).bind_processor(dialect)
+    assert general is not None
+    assert _sqlite_datetime(general, at) == general(at)
+
+
+def test_a_value_of_the_wrong_type_is_refused_with_a_reason_not_an_exception() -> None:
+    row = ("dev-1", 1, datetime.now(UTC), 1.0, "mlp", "two", 1, 0, 1, 1, None, None, None, 0)
+    why = unstorable_rows(TelemetrySample.__table__, SAMPLE_COLUMNS, [row])
+    assert why is not None and "wrong type" in why
+
+
+def telemetry(seq: int, at: str, requests: int) -> bytes:
+    model = {"model": "mlp", "version": 2, "requests": requests, "errors": 1, "rows": requests}
+    return json.dumps(
+        {
+            "schema_version": 1,
+            "device_id": "dev-1",
+            "seq": seq,
+            "time": at,
+            "window_s": 10.0,
+            "models": [model | {"batches": 1, "p99_ms": 3.5}],
+            "device": {"cpu_percent": 12.5},
+        }
+    ).encode()
+
+
+def test_telemetry_rows_are_stored_in_utc_once_and_counted(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'cp.db'}"
+    migrate(url)
+    metrics = FleetMetrics()
+
+    async def run() -> tuple[list[DeviceSample], list[TelemetrySample], str]:
+        engine = make_engine(url)
+        sessions = session_factory(engine)
+        ingest = Ingestor(sessions, metrics, batch_size=100, max_delay_s=0.01)
+        ingest.telemetry("dev-1", telemetry(1, "2026-12-03T09:00:00.250000+02:00", 10))
+        ingest.telemetry("dev-1", telemetry(2, "2026-12-03T07:00:10Z", 20))
+        await ingest.drain()
+        exported = metrics.render().decode()
+        # a redelivery: stored once
+        ingest.telemetry("dev-1", telemetry(1, "2026-12-03T09:00:00.250000+02:00", 10))
+        await ingest.drain()
+        async with sessions() as s:
+            devices = list((await s.scalars(select(DeviceSample).order_by("seq"))).all())
+            samples = list((await s.scalars(select(TelemetrySample).order_by("seq"))).all())
+        await engine.dispose()
+        return devices, samples, exported
+
+    devices, samples, exported = asyncio.run(run())
+    first = datetime(2026, 12, 3, 7, 0, 0, 250000, tzinfo=UTC)
+    assert [(d.seq, d.time.replace(tzinfo=UTC), d.cpu_percent) for d in devices] == [
+        (1, first, 12.5),
+        (2, first + timedelta(seconds=9.75), 12.5),
+    ]
+    assert [(s.seq, s.model, s.version, s.requests, s.p99_ms) for s in samples] == [
+        (1, "mlp", 2, 10, 3.5),
+        (2, "mlp", 2, 20, 3.5),
+    ]
+    assert samples[0].time.replace(tzinfo=UTC) == first
+    assert 'edgefleet_fleet_requests_total{model="mlp",version="2"} 30.0' in exported
+    assert 'edgefleet_fleet_errors_total{model="mlp",version="2"} 2.0' in exported
