@@ -118,7 +118,12 @@ def ingest(fleet: Fleet, n: int, args: argparse.Namespace) -> dict[str, Any]:
     bare_per_s = _median([b["delivered_per_s"] for b in bare]) or 0.0
     print(f"  N={n} bare subscriber: {bare_per_s:.0f} msg/s", flush=True)
     sweep = phases.ingest_sweep(
-        fleet, args.ingest_start_per_s, args.ingest_factor, bare_per_s, args.ingest_step_s
+        fleet,
+        args.ingest_start_per_s,
+        args.ingest_factor,
+        bare_per_s,
+        args.ingest_step_s,
+        args.ingest_refine,
     )
     best = sweep["max_lossless_per_s"]
     print(f"  N={n} ingest: {best} msg/s lossless of {bare_per_s:.0f}", flush=True)
@@ -143,6 +148,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ingest-step-s", type=float, default=10.0, help="0 skips ingest")
     p.add_argument("--ingest-start-per-s", type=float, default=2000.0)
     p.add_argument("--ingest-factor", type=float, default=1.25)
+    p.add_argument(
+        "--ingest-refine", type=int, default=2, help="steps halving the gap at the limit"
+    )
     args = p.parse_args(argv)
     doc: dict[str, Any] = {
         "command": " ".join(

@@ -181,18 +181,38 @@ def ingest_step(
 
 
 def ingest_sweep(
-    fleet: Fleet, start_per_s: float, factor: float, ceiling_per_s: float, duration_s: float
+    fleet: Fleet,
+    start_per_s: float,
+    factor: float,
+    ceiling_per_s: float,
+    duration_s: float,
+    refine: int = 2,
 ) -> dict[str, Any]:
-    """Raise the offered rate by ``factor`` until a step fails (or the ceiling is passed)."""
-    steps, best = [], None
+    """Raise the offered rate by ``factor`` until a step fails (or the ceiling is passed), then
+    halve the gap between the last step that passed and the one that failed ``refine`` times:
+    a coarse step alone would understate the limit by up to ``factor``."""
+    steps: list[dict[str, Any]] = []
+    best: dict[str, Any] | None = None
+    failed: float | None = None
     rate = start_per_s
     while rate <= ceiling_per_s * 1.01:
         step = ingest_step(fleet, rate, duration_s, drain_s=max(2.0, 0.2 * duration_s))
         steps.append(step)
         if not step["passed"]:
+            failed = rate
             break
         best = step
         rate = round(rate * factor)
+    for _ in range(refine):
+        if best is None or failed is None:
+            break
+        rate = round((best["offered_per_s"] + failed) / 2)
+        step = ingest_step(fleet, rate, duration_s, drain_s=max(2.0, 0.2 * duration_s))
+        steps.append(step)
+        if step["passed"]:
+            best = step
+        else:
+            failed = rate
     return {
         "steps": steps,
         "max_lossless_per_s": best["sent_per_s"] if best else None,
