@@ -420,7 +420,7 @@ class Ingestor:
                 statuses.append(message)
                 continue
             device_row, sample_rows = message
-            device_id, at = device_row[0], device_row[TIME]
+            device_id, at = device_row[DEVICE_ID], device_row[TIME]
             if (before := seen.get(device_id)) is None or at > before:
                 seen[device_id] = at
             devices.append(device_row)
@@ -542,8 +542,7 @@ SAMPLE_COLUMNS = (
     "p99_ms",
     "queue_depth",
 )
-TIME = 2
-"""Where both kinds of telemetry row keep the message's time."""
+DEVICE_ID, TIME = DEVICE_SAMPLE_COLUMNS.index("device_id"), DEVICE_SAMPLE_COLUMNS.index("time")
 MODEL, VERSION, REQUESTS, ERRORS, ROWS, P99 = (
     SAMPLE_COLUMNS.index(c) for c in ("model", "version", "requests", "errors", "rows", "p99_ms")
 )
