@@ -9,7 +9,6 @@ model files, devices) pass through unchanged and are mapped the same way::
     +-- ModelNotReadyError          model_not_ready      known, but loading, failed or unloading
     +-- RequestError                invalid_request      a malformed request body or parameter
     +-- PayloadTooLargeError        payload_too_large    body over max_request_bytes
-    +-- RequestTimeoutError         request_timeout      body not in within body_timeout_s
     +-- UnauthorizedError           unauthorized         missing or unknown API key
     +-- RateLimitedError            rate_limited         over the client's rate; retry_after_s
     +-- OverloadedError             overloaded           queue full; carries retry_after_s
@@ -47,10 +46,6 @@ class RequestError(AgentError):
 
 class PayloadTooLargeError(AgentError):
     code = "payload_too_large"
-
-
-class RequestTimeoutError(AgentError):
-    code = "request_timeout"
 
 
 class UnauthorizedError(AgentError):

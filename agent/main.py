@@ -130,6 +130,7 @@ def server_config(settings: AgentSettings, state: ApiState) -> uvicorn.Config:
             HttpLimits(
                 max_header_bytes=settings.max_header_bytes,
                 header_timeout_s=settings.header_timeout_s,
+                body_timeout_s=settings.body_timeout_s,
                 max_connections=settings.max_connections,
                 max_concurrent_requests=settings.max_concurrent_requests,
                 open_paths=frozenset(p.encode() for p in settings.api_key_open_paths),

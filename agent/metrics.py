@@ -107,6 +107,7 @@ class AgentMetrics:
         self._started = time.monotonic()
         self._manager: ModelManager | None = None
         self._total_rows = 0
+        self._success: dict[tuple[str, str], tuple[Counter, Histogram, Histogram, Histogram]] = {}
         self._process = psutil.Process()
         r.register(_StateCollector(self))
 
@@ -132,10 +133,19 @@ class AgentMetrics:
     def observe_success(
         self, model: str, version: str, total_s: float, queue_s: float, compute_s: float
     ) -> None:
-        self.requests.labels(model, version, "success").inc()
-        self.latency.labels(model, version).observe(total_s)
-        self.queue.labels(model, version).observe(queue_s)
-        self.compute.labels(model, version).observe(compute_s)
+        children = self._success.get((model, version))
+        if children is None:  # labels() costs a lock and a tuple per call: once per version
+            children = self._success[model, version] = (
+                self.requests.labels(model, version, "success"),
+                self.latency.labels(model, version),
+                self.queue.labels(model, version),
+                self.compute.labels(model, version),
+            )
+        requests, latency, queue, compute = children
+        requests.inc()
+        latency.observe(total_s)
+        queue.observe(queue_s)
+        compute.observe(compute_s)
 
     def observe_failure(self, model: str, version: str, code: str) -> None:
         self.requests.labels(model, version, code).inc()

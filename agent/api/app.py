@@ -84,7 +84,6 @@ def create_app(state: ApiState) -> ASGIApp:
             else None
         ),
         open_paths=settings.api_key_open_paths,
-        body_timeout_s=settings.body_timeout_s,
     )
     # Outside FastAPI's own middleware stack, so that the infer fast path skips it too; the
     # request context is outermost, so the access log sees what admission turned away.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from agent import errors as agent_errors
@@ -23,7 +23,7 @@ STATUS: tuple[tuple[type[Exception], int], ...] = (
     (agent_errors.ModelNotFoundError, 404),
     (agent_errors.RequestError, 400),
     (agent_errors.PayloadTooLargeError, 413),
-    (agent_errors.RequestTimeoutError, 408),
+    (ClientDisconnect, 499),  # the client left mid-body; nobody reads the answer
     (agent_errors.UnauthorizedError, 401),
     (agent_errors.RateLimitedError, 429),
     (agent_errors.OverloadedError, 503),
@@ -62,9 +62,6 @@ def error_response(exc: Exception, headers: dict[str, str] | None = None) -> Res
         headers.setdefault("Retry-After", "1")
     if status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="edgefleet"'
-    elif status == 408:
-        # the client is still sending its body: end the connection rather than parse the rest
-        headers["Connection"] = "close"
     body = orjson.dumps({"error": message, "code": code})
     return Response(body, status_code=status, headers=headers, media_type="application/json")
 

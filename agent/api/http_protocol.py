@@ -1,17 +1,20 @@
-"""uvicorn's httptools protocol with the limits it lacks: header bytes, a deadline for the
-request head, an idle limit on new connections, and a cap on open connections.
+"""uvicorn's httptools protocol with the limits it lacks: header bytes, deadlines for the
+request head and body, an idle limit on new connections, and a cap on open connections; and a
+hook that tells a request's handler when its client is gone.
 
 These act before any ASGI code runs, where a slow or hostile client would otherwise hold memory
-or a connection for free, and where refusing a request under load is cheapest. uvicorn buffers
-headers without bound under httptools (its
-``h11_max_incomplete_event_size`` applies to h11 only), arms its keep-alive timer only after a
-first response, and ``limit_concurrency`` counts connections *and* tasks together, so one surge
-turns away the requests of connections already being served.
+or a connection for free, and where refusing a request under load is cheapest (a deadline here
+is one timer per request whose body spans packets, not a timeout around every ``receive``).
+uvicorn buffers headers without bound under httptools (its ``h11_max_incomplete_event_size``
+applies to h11 only), arms its keep-alive timer only after a first response, and
+``limit_concurrency`` counts connections *and* tasks together, so one surge turns away the
+requests of connections already being served.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -23,6 +26,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 class HttpLimits:
     max_header_bytes: int
     header_timeout_s: float
+    body_timeout_s: float
     max_connections: int
     max_concurrent_requests: int
     open_paths: frozenset[bytes] = frozenset()
@@ -34,6 +38,36 @@ class _InFlight:
     """Requests of one server whose response is not complete yet."""
 
     count: int = 0
+
+
+CONNECTION_KEY = "edgefleet.connection"
+"""Scope key of the request's :class:`Connection`."""
+
+
+class Connection:
+    """What a handler may ask of its connection: call back when the client is gone.
+
+    A handler waiting for a result registers a callback instead of running a task per request
+    that waits for ``http.disconnect``.
+    """
+
+    __slots__ = ("lost", "_callbacks")
+
+    def __init__(self) -> None:
+        self.lost = False
+        self._callbacks: list[Callable[[], object]] = []
+
+    def on_lost(self, callback: Callable[[], object]) -> None:
+        self._callbacks.append(callback)
+
+    def forget(self, callback: Callable[[], object]) -> None:
+        self._callbacks.remove(callback)
+
+    def _lose(self) -> None:
+        self.lost = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
 
 
 class _Answered(Exception):
@@ -51,6 +85,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._counted = 0  # requests of this connection in in_flight
         self._head_bytes = 0
         self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._in_body = False  # head parsed, body not complete
+        self._connection = Connection()
         # The connection is refused at its first request, with a proper HTTP answer.
         self._over_limit = len(self.connections) > self.limits.max_connections
         # uvicorn arms the idle timer only after a response: a connection that never sends
@@ -61,9 +98,17 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._cancel_body_timer()
         self.in_flight.count -= self._counted
         self._counted = 0
         super().connection_lost(exc)
+        self._connection._lose()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # Most bodies arrive with their head: the timer is armed only for one that does not.
+        if self._in_body and self._body_timer is None and not self.transport.is_closing():
+            self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
 
     def on_response_complete(self) -> None:
         if self._counted:
@@ -73,6 +118,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope[CONNECTION_KEY] = self._connection  # type: ignore[literal-required]
         self._head_bytes = 0
         self._cancel_head_timer()
         self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_late)
@@ -107,6 +153,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                 return
             self.in_flight.count += 1
             self._counted += 1
+        self._in_body = True
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
@@ -114,6 +161,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._in_body = False
+        self._cancel_body_timer()
         if self._discarding:
             self._discarding = False
             self._unset_keepalive_if_required()
@@ -149,6 +198,29 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                 )
             except _Answered:
                 pass
+
+    def _body_late(self) -> None:
+        self._body_timer = None
+        if self.transport.is_closing():
+            return
+        if not self._discarding and self.cycle is not None and not self.cycle.response_started:
+            # The handler waiting for the body sees a disconnect; the client sees why.
+            message = "the request body did not arrive within body_timeout_s={:g}"
+            self.transport.write(
+                _response(
+                    408,
+                    "request_timeout",
+                    message.format(self.limits.body_timeout_s),
+                    retry_after_s=0,
+                    close=True,
+                )
+            )
+        self.transport.close()
+
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from agent.api.http_protocol import CONNECTION_KEY, Connection
 from agent.errors import PayloadTooLargeError, RequestError
 
 T = TypeVar("T")
@@ -60,11 +61,45 @@ class ClientGone(Exception):
     """The client closed the connection before its answer was ready."""
 
 
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+async def until_disconnect(request: Request, work: Coroutine[Any, Any, T]) -> T:
     """Await ``work``, but cancel it if the client disconnects first.
 
-    A cancelled inference is dropped from its batcher's queue if it has not run yet.
+    A cancelled inference is dropped from its batcher's queue if it has not run yet. Under the
+    agent's own protocol the connection calls back when it is lost; elsewhere (another server
+    running the app) a watcher task waits for ``http.disconnect``.
     """
+    connection: Connection | None = request.scope.get(CONNECTION_KEY)
+    if connection is None:
+        return await _watching(request, work)
+    if connection.lost:
+        work.close()
+        raise ClientGone()
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+
+    def cancel() -> None:
+        nonlocal gone
+        gone = True
+        task.cancel()
+
+    connection.on_lost(cancel)
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        if gone and task.uncancel() == 0:  # ours alone, not a shutdown's
+            raise ClientGone() from None
+        raise
+    finally:
+        if not gone:
+            connection.forget(cancel)
+    if gone:  # the work swallowed the cancellation
+        task.uncancel()
+        raise ClientGone()
+    return result
+
+
+async def _watching(request: Request, work: Coroutine[Any, Any, T]) -> T:
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_disconnect(request))
     try:
