@@ -70,6 +70,48 @@ class Connection:
             callback()
 
 
+class _HeadHeld:
+    """The connection's transport as its request cycles see it: a response's head is held until
+    its body (or the response's end), so a small response leaves in one write, one system call,
+    instead of two. Informational responses (``100 Continue``) are not held."""
+
+    __slots__ = ("transport", "expect_head", "_head")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.expect_head = True
+        self._head: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            if len(data) < 65536:
+                self.transport.write(head + data)
+            else:  # not worth a copy of a large body
+                self.transport.writelines((head, data))
+        elif self.expect_head and not data.startswith(b"HTTP/1.1 1"):
+            self.expect_head = False
+            self._head = data
+        else:
+            self.transport.write(data)
+
+    def flush(self) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            self.transport.write(head)
+
+    def next_response(self) -> None:
+        self.flush()
+        self.expect_head = True
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+
 class _Answered(Exception):
     """Raised in a parser callback to stop parsing once a refusal has been written."""
 
@@ -88,6 +130,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._in_body = False  # head parsed, body not complete
         self._connection = Connection()
+        self._writer = _HeadHeld(self.transport)
         # The connection is refused at its first request, with a proper HTTP answer.
         self._over_limit = len(self.connections) > self.limits.max_connections
         # uvicorn arms the idle timer only after a response: a connection that never sends
@@ -111,6 +154,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
 
     def on_response_complete(self) -> None:
+        self._writer.next_response()
         if self._counted:
             self._counted -= 1
             self.in_flight.count -= 1
@@ -154,7 +198,10 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self.in_flight.count += 1
             self._counted += 1
         self._in_body = True
+        previous = self.cycle
         super().on_headers_complete()
+        if self.cycle is not previous:  # a request cycle was made (not an upgrade)
+            self.cycle.transport = self._writer  # type: ignore[assignment]
 
     def on_body(self, body: bytes) -> None:
         if not self._discarding:

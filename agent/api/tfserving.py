@@ -19,6 +19,7 @@ from agent.api.transport import (
     ClientGone,
     json_response,
     read_body,
+    request_context,
     server_timing,
     until_disconnect,
 )
@@ -96,7 +97,8 @@ async def model_metadata(
 )
 async def predict(request: Request, model_name: str, model_version: str | None = None) -> Response:
     started = time.monotonic()
-    request.state.model, request.state.version = model_name, model_version
+    context = request_context(request)
+    context["model"], context["version"] = model_name, model_version
     state = _state(request)
     lv = state.service.resolve(model_name, model_version)
     body = await read_body(request, state.settings.max_request_bytes)
@@ -109,9 +111,9 @@ async def predict(request: Request, model_name: str, model_version: str | None =
         )
     except ClientGone:
         return Response(status_code=499)
-    request.state.model, request.state.version = result.model, result.version
-    request.state.queue_ms = round(result.queue_s * 1000, 3)
-    request.state.compute_ms = round(result.compute_s * 1000, 3)
+    context["model"], context["version"] = result.model, result.version
+    context["queue_ms"] = round(result.queue_s * 1000, 3)
+    context["compute_ms"] = round(result.compute_s * 1000, 3)
     timing = server_timing(result.queue_s, result.compute_s, time.monotonic() - started)
     return Response(
         encode_predict(result.outputs, rows),

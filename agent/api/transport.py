@@ -123,6 +123,13 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
+def request_context(request: Request) -> dict[str, Any]:
+    """The request's fields for the access log (:mod:`agent.api.context`): the dict behind
+    ``request.state``, without the wrapper object ``request.state`` makes per request."""
+    context: dict[str, Any] = request.scope.setdefault("state", {})
+    return context
+
+
 def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(
         orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY),

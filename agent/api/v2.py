@@ -16,6 +16,7 @@ from agent.api.transport import (
     ClientGone,
     json_response,
     read_body,
+    request_context,
     server_timing,
     until_disconnect,
 )
@@ -149,7 +150,8 @@ async def model_config(
 )
 async def infer(request: Request, model_name: str, model_version: str | None = None) -> Response:
     started = time.monotonic()
-    request.state.model, request.state.version = model_name, model_version
+    context = request_context(request)
+    context["model"], context["version"] = model_name, model_version
     state = _state(request)
     limits = state.settings
     lv = state.service.resolve(model_name, model_version)
@@ -194,7 +196,7 @@ async def infer(request: Request, model_name: str, model_version: str | None = N
         result = await until_disconnect(request, state.service.infer(infer_request))
     except ClientGone:
         return Response(status_code=499)
-    request_id = decoded.id if decoded.id is not None else request.state.request_id
+    request_id = decoded.id if decoded.id is not None else context["request_id"]
     payload, json_length = encode_response(
         result.model,
         result.version,
@@ -204,9 +206,9 @@ async def infer(request: Request, model_name: str, model_version: str | None = N
         decoded.binary_output_default,
     )
     total = time.monotonic() - started
-    request.state.model, request.state.version = result.model, result.version
-    request.state.queue_ms = round(result.queue_s * 1000, 3)
-    request.state.compute_ms = round(result.compute_s * 1000, 3)
+    context["model"], context["version"] = result.model, result.version
+    context["queue_ms"] = round(result.queue_s * 1000, 3)
+    context["compute_ms"] = round(result.compute_s * 1000, 3)
     headers = {"Server-Timing": server_timing(result.queue_s, result.compute_s, total)}
     if json_length is None:
         return Response(payload, headers=headers, media_type="application/json")

@@ -1,0 +1,155 @@
+"""How responses leave the agent's HTTP protocol, over raw sockets: a response's head is held
+until its body so both go in one write, without breaking what holds or has no body (HEAD,
+``100 Continue``, pipelined requests, a connection closed after its answer)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.api.http_protocol import _HeadHeld
+from tests.agent.server import RunningAgent, copy_models, serve
+from tests.hardening.rawhttp import closed_by_peer, connect, head, read_response
+
+INFER = "/v2/models/mlp/infer"
+BODY = json.dumps(
+    {"inputs": [{"name": "input", "shape": [1, 256], "datatype": "FP32", "data": [0.5] * 256}]}
+).encode()
+
+
+@pytest.fixture(scope="module")
+def agent(example_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
+    repo = copy_models(example_repo, tmp_path_factory.mktemp("repo"), "mlp")
+    with serve(repo) as running:
+        yield running
+
+
+def infer_head(**extra: str) -> bytes:
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(BODY)), **extra}
+    return head("POST", INFER, headers)
+
+
+class Recorder:
+    """A transport that records what is written to it."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def writelines(self, parts: Iterable[bytes]) -> None:
+        self.writes.append(b"".join(parts))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+def held(recorder: Recorder) -> _HeadHeld:
+    return _HeadHeld(recorder)  # type: ignore[arg-type]
+
+
+def test_a_head_and_its_body_leave_in_one_write() -> None:
+    recorder = Recorder()
+    writer = held(recorder)
+    for body in (b"{}", b"x" * 100_000):  # small: joined; large: one vectored write
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+        assert recorder.writes == [] or recorder.writes[-1].endswith(b"{}")
+        writer.write(body)
+        writer.next_response()
+        assert recorder.writes[-1] == b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n" + body
+    assert len(recorder.writes) == 2
+
+
+def test_a_head_without_a_body_leaves_when_the_response_ends_or_closes() -> None:
+    recorder = Recorder()
+    writer = held(recorder)
+    writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+    writer.next_response()  # a HEAD answer, a 204: no body write ever comes
+    writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    writer.close()  # uvicorn closes a connection: close before its response ends
+    assert recorder.writes == [
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+    ]
+    assert recorder.closed
+
+
+def test_100_continue_is_not_held() -> None:
+    recorder = Recorder()
+    writer = held(recorder)
+    writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    assert recorder.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+    writer.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    writer.write(b"a")
+    writer.write(b"b")  # a streamed body's later chunks go straight out
+    assert recorder.writes[1:] == [b"HTTP/1.1 200 OK\r\n\r\na", b"b"]
+
+
+def read_head(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(1)  # byte by byte: nothing after the head is consumed
+    return data
+
+
+def test_a_head_request_gets_a_head_alone_and_the_connection_goes_on(
+    agent: RunningAgent,
+) -> None:
+    with connect(agent.url) as sock:
+        sock.sendall(head("HEAD", "/v2"))  # 405 (GET only), a head with a length and no body
+        assert b"content-length: 31" in read_head(sock)
+        sock.sendall(head("GET", "/v2"))
+        assert read_response(sock).json()["name"] == "edgefleet"
+
+
+def test_100_continue_is_sent_before_the_body_is(agent: RunningAgent) -> None:
+    with connect(agent.url) as sock:
+        sock.sendall(infer_head(Expect="100-continue"))
+        assert read_head(sock) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(BODY)
+        answer = read_response(sock)
+        assert answer.status == 200
+        out = np.asarray(answer.json()["outputs"][0]["data"])
+        assert out.shape == (10,) and np.isfinite(out).all()
+
+
+def test_pipelined_requests_are_answered_in_order(agent: RunningAgent) -> None:
+    with connect(agent.url) as sock:
+        sock.sendall(
+            head("GET", "/v2/models/mlp") + infer_head() + BODY + head("GET", "/v2/health/ready")
+        )
+        data = b""  # the answers may share reads: split them by their lengths
+        while not data.endswith(b'{"ready":true}'):
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {data!r}"
+            data += chunk
+    bodies = []
+    while data:
+        raw_head, _, rest = data.partition(b"\r\n\r\n")
+        assert raw_head.startswith(b"HTTP/1.1 200 OK\r\n")
+        length = int(raw_head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        bodies.append(json.loads(rest[:length]))
+        data = rest[length:]
+    assert [sorted(b)[:2] for b in bodies] == [
+        ["inputs", "name"],
+        ["id", "model_name"],
+        ["ready"],
+    ]
+
+
+def test_connection_close_is_answered_then_closed(agent: RunningAgent) -> None:
+    with connect(agent.url) as sock:
+        sock.sendall(infer_head(Connection="close") + BODY)
+        answer = read_response(sock)
+        assert answer.status == 200 and "outputs" in answer.json()
+        assert closed_by_peer(sock)
