@@ -62,24 +62,29 @@ async def insert_rows(
     names: tuple[str, ...],
     rows: list[tuple[Any, ...]],
     memo: dict[int, Any] | None = None,
+    prepared: frozenset[str] = frozenset(),
 ) -> None:
     """INSERT ... ON CONFLICT DO NOTHING of rows given as tuples of the columns ``names``.
 
     They go to the driver's executemany through a statement and bind processors prepared once
     per table: SQLAlchemy's per-row parameter processing cost more than the database's own
-    work at thousands of telemetry messages a second."""
+    work at thousands of telemetry messages a second. The columns in ``prepared`` already
+    hold what the driver takes (:func:`driver_time`): rows whose other columns need no
+    processing go to the driver as they are."""
     if not rows:
         return
     conn = await session.connection()
     raw = _raw_insert(conn.dialect, table, names)
     if raw is None:  # a driver whose parameter style we do not write by hand
+        if prepared:
+            raise ValueError(f"{conn.dialect.name}: prepared values but no hand-made statement")
         dialect = conn.dialect.name
         stmt = (pg_insert if dialect == "postgresql" else sqlite_insert)(table)
         await session.execute(
             stmt.on_conflict_do_nothing(), [dict(zip(names, row, strict=True)) for row in rows]
         )
         return
-    await conn.exec_driver_sql(raw.sql, raw.params(rows, memo))
+    await conn.exec_driver_sql(raw.sql, raw.params(rows, memo, prepared))
 
 
 async def execute_many(
@@ -114,13 +119,20 @@ class RawStatement:
     processors: tuple[Callable[[Any], Any] | None, ...]
 
     def params(
-        self, rows: list[tuple[Any, ...]], memo: dict[int, Any] | None = None
+        self,
+        rows: list[tuple[Any, ...]],
+        memo: dict[int, Any] | None = None,
+        prepared: frozenset[str] = frozenset(),
     ) -> list[tuple[Any, ...]]:
-        """The rows (tuples in the order of ``names``) with their values processed. ``memo``
-        keeps processed values by the identity of the object processed, for rows that share
-        it (a telemetry message's time is in its device row and each of its model rows): the
-        caller keeps the rows, and so the objects, alive while it keeps the memo."""
-        fixes = [(i, f) for i, f in enumerate(self.processors) if f is not None]
+        """The rows (tuples in the order of ``names``) with their values processed, but for
+        the columns in ``prepared``. ``memo`` keeps processed values by the identity of the
+        object processed, for rows that share it: the caller keeps the rows, and so the
+        objects, alive while it keeps the memo."""
+        fixes = [
+            (i, f)
+            for i, (f, n) in enumerate(zip(self.processors, self.names, strict=True))
+            if f is not None and n not in prepared
+        ]
         if not fixes:
             return rows
         memo = {} if memo is None else memo
@@ -165,6 +177,21 @@ def _sqlite_datetime(general: Callable[[Any], Any], value: Any) -> Any:
     if type(value) is datetime:  # its first 26 characters: the wall time, with no offset
         return value.isoformat(" ", "microseconds")[:26]
     return general(value)
+
+
+def driver_time(dialect: Dialect) -> Callable[[datetime], Any] | None:
+    """What turns a UTC datetime into the value the driver takes for a DateTime column (the
+    bind processor SQLAlchemy would apply; the datetime itself where there is none), for
+    rows built once per message with it; None where ingest writes through SQLAlchemy."""
+    table = DeviceSample.__table__
+    if _raw_insert(dialect, table, DEVICE_SAMPLE_COLUMNS) is None:
+        return None
+    (processor,) = _processors(dialect, table, ("time",))
+    return processor or _same
+
+
+def _same(at: datetime) -> datetime:
+    return at
 
 
 @functools.cache
@@ -224,6 +251,9 @@ class Ingestor:
         """Called after each batch (the MQTT adapter resumes reading when the queue drained)."""
         self.last_seen_resolution = timedelta(seconds=last_seen_resolution_s)
         self._seen_written: dict[str, datetime] = {}
+        engine = sessions.kw.get("bind")
+        self._driver_time = driver_time(engine.dialect) if engine is not None else None
+        """Telemetry times are put in the driver's form as messages arrive, once each."""
 
     # -- entry points (called by the MQTT adapter) ----------------------------------------
 
@@ -300,7 +330,9 @@ class Ingestor:
         if message is None:
             _call(ack)
             return
-        device, samples = telemetry_rows(message)
+        at = _utc(message.time)
+        form = self._driver_time
+        device, samples = telemetry_rows(message, at if form is None else form(at))
         # Checked here, one message at a time: a value the database refuses would otherwise
         # fail the whole batch, and with it other devices' telemetry.
         why = unstorable_rows(
@@ -310,7 +342,7 @@ class Ingestor:
             self.reject("telemetry", "out_of_range", device_id, why)
             _call(ack)
         else:
-            self._enqueue("telemetry", device_id, ("telemetry", (device, samples), ack))
+            self._enqueue("telemetry", device_id, ("telemetry", (device, samples, at), ack))
 
     def event(self, device_id: str, payload: bytes, ack: Ack | None = None) -> None:
         event = self._parse("events", UpdateEvent, device_id, payload)
@@ -419,8 +451,8 @@ class Ingestor:
             if kind == "status":
                 statuses.append(message)
                 continue
-            device_row, sample_rows = message
-            device_id, at = device_row[DEVICE_ID], device_row[TIME]
+            device_row, sample_rows, at = message
+            device_id = device_row[DEVICE_ID]
             if (before := seen.get(device_id)) is None or at > before:
                 seen[device_id] = at
             devices.append(device_row)
@@ -429,9 +461,13 @@ class Ingestor:
         async with self.sessions.begin() as session:
             if statuses:
                 came_online = await self._presence(session, statuses)
-            memo: dict[int, Any] = {}  # a message's time, formatted once for both tables
-            await insert_rows(session, DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS, devices, memo)
-            await insert_rows(session, TelemetrySample.__table__, SAMPLE_COLUMNS, samples, memo)
+            ready = PREPARED if self._driver_time is not None else frozenset()
+            await insert_rows(
+                session, DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS, devices, prepared=ready
+            )
+            await insert_rows(
+                session, TelemetrySample.__table__, SAMPLE_COLUMNS, samples, prepared=ready
+            )
             await insert_ignore(
                 session, UpdateEventRecord.__table__, [event_row(e) for e in events]
             )
@@ -542,16 +578,24 @@ SAMPLE_COLUMNS = (
     "p99_ms",
     "queue_depth",
 )
-DEVICE_ID, TIME = DEVICE_SAMPLE_COLUMNS.index("device_id"), DEVICE_SAMPLE_COLUMNS.index("time")
+DEVICE_ID = DEVICE_SAMPLE_COLUMNS.index("device_id")
+PREPARED = frozenset(
+    {"time", "cpu_percent", "temperature_c", "window_s", "p50_ms", "p95_ms", "p99_ms"}
+)
+"""Columns of the telemetry rows that hold what the driver takes already: the time (put in its
+form by :func:`driver_time`) and the floats (floats, validated as such by the message's model;
+SQLite's processor would only call ``float`` on them). With these, no value of a telemetry row
+is processed again: the rows go to the driver as they are."""
 MODEL, VERSION, REQUESTS, ERRORS, ROWS, P99 = (
     SAMPLE_COLUMNS.index(c) for c in ("model", "version", "requests", "errors", "rows", "p99_ms")
 )
 
 
-def telemetry_rows(t: Telemetry) -> tuple[tuple[Any, ...], list[tuple[Any, ...]]]:
+def telemetry_rows(t: Telemetry, at: Any) -> tuple[tuple[Any, ...], list[tuple[Any, ...]]]:
     """The device_telemetry row and the telemetry rows (one per model) of a message, as tuples
-    of DEVICE_SAMPLE_COLUMNS and SAMPLE_COLUMNS (ingest builds them for every message)."""
-    at, d = _utc(t.time), t.device
+    of DEVICE_SAMPLE_COLUMNS and SAMPLE_COLUMNS (ingest builds them for every message), with
+    ``at`` for the time: the message's in UTC, or that in the driver's form."""
+    d = t.device
     device = (
         t.device_id,
         t.seq,

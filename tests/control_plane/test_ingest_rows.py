@@ -10,15 +10,21 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
-from sqlalchemy.dialects import sqlite
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Dialect
 from sqlalchemy.types import DateTime
 
 from control_plane.db.models import DeviceSample, TelemetrySample
 from control_plane.db.session import make_engine, migrate, session_factory
 from control_plane.ingest import (
+    DEVICE_SAMPLE_COLUMNS,
+    PREPARED,
     SAMPLE_COLUMNS,
     Ingestor,
+    _processors,
+    _raw_insert,
     _sqlite_datetime,
+    driver_time,
     unstorable_rows,
 )
 from control_plane.metrics import FleetMetrics
@@ -29,6 +35,7 @@ TIMES = [
     datetime(999, 1, 2, 3, 4, 5, 6),
     datetime(2026, 12, 3, 7, 8, 9, 1, tzinfo=timezone(timedelta(hours=2))),
 ]
+PG = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
 
 
 @pytest.mark.parametrize("at", TIMES, ids=str)
@@ -95,3 +102,27 @@ def test_telemetry_rows_are_stored_in_utc_once_and_counted(tmp_path: Path) -> No
     assert samples[0].time.replace(tzinfo=UTC) == first
     assert 'edgefleet_fleet_requests_total{model="mlp",version="2"} 30.0' in exported
     assert 'edgefleet_fleet_errors_total{model="mlp",version="2"} 2.0' in exported
+
+
+@pytest.mark.parametrize("dialect", [sqlite.dialect(), PG], ids=lambda d: d.name)
+def test_telemetry_rows_go_to_the_driver_as_they_are(dialect: Dialect) -> None:
+    """Built once per message with the time in the driver's form, a batch's rows need no
+    processing: params hands the list itself over (no copy per row)."""
+    form = driver_time(dialect)
+    assert form is not None
+    when = datetime(2026, 12, 3, 7, 8, 9, 123456, tzinfo=UTC)
+    at = form(when)
+    general = _processors(dialect, DeviceSample.__table__, ("time",))[0]
+    assert at == (general(when) if general else when)  # what SQLAlchemy's processor writes
+    for table, names, row in (
+        (DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS, ("d", 1, at, 1.5, 10, None, 0)),
+        (
+            TelemetrySample.__table__,
+            SAMPLE_COLUMNS,
+            ("d", 1, at, 10.0, "mlp", 2, 5, 0, 5, 1, 1.0, None, 3.5, 0),
+        ),
+    ):
+        raw = _raw_insert(dialect, table, names)
+        assert raw is not None
+        rows = [row]
+        assert raw.params(rows, prepared=PREPARED) is rows
