@@ -232,8 +232,12 @@ class Ingestor:
         max_delay_s: float,
         ack_window: int = 20,
         last_seen_resolution_s: float = 5.0,
+        telemetry_delay_s: float | None = None,
     ) -> None:
-        """``ack_window``: how many unacknowledged messages the broker sends at once; a batch
+        """``max_delay_s``: the longest an event or status waits for its batch;
+        ``telemetry_delay_s`` (default the same): the longest a batch of telemetry alone waits
+        for more.
+        ``ack_window``: how many unacknowledged messages the broker sends at once; a batch
         holding that many is written at once (the broker sends no more until it is).
         ``last_seen_resolution_s``: a device's ``last_seen`` is rewritten only once it has
         moved this far (the telemetry rows keep every time): the inventory row is wide, and
@@ -242,6 +246,7 @@ class Ingestor:
         self.metrics = metrics
         self.batch_size = batch_size
         self.max_delay_s = max_delay_s
+        self.telemetry_delay_s = max_delay_s if telemetry_delay_s is None else telemetry_delay_s
         self.ack_window = ack_window
         self._queue: asyncio.Queue[tuple[str, Any, Ack | None]] = asyncio.Queue(maxsize=100_000)
         self.listeners: list[EventListener] = []
@@ -359,7 +364,13 @@ class Ingestor:
         while True:
             batch = [await self._queue.get()]
             unacked = int(batch[0][2] is not None)
-            deadline = time.monotonic() + self.max_delay_s
+            # Telemetry waits longer for company than what a rollout waits on: a batch that
+            # spans more of the fleet's messages puts more rows on each index page it dirties
+            # (the dedupe keys scatter a batch over as many places as it has devices), so the
+            # log written per message shrinks; an event or status cuts the wait short.
+            started = time.monotonic()
+            prompt = started + self.max_delay_s
+            deadline = prompt if batch[0][0] != "telemetry" else started + self.telemetry_delay_s
             while len(batch) < self.batch_size:
                 # what is queued already is taken as it is: a wait_for (a task) per message
                 # cost more than the insert under load
@@ -367,6 +378,8 @@ class Ingestor:
                     item = self._queue.get_nowait()
                     batch.append(item)
                     unacked += item[2] is not None
+                    if item[0] != "telemetry" and deadline > prompt:
+                        deadline = max(prompt, time.monotonic() + self.max_delay_s)
                 remaining = deadline - time.monotonic()
                 if len(batch) >= self.batch_size or remaining <= 0:
                     break
@@ -378,6 +391,8 @@ class Ingestor:
                     break
                 batch.append(item)
                 unacked += item[2] is not None
+                if item[0] != "telemetry" and deadline > prompt:
+                    deadline = max(prompt, time.monotonic() + self.max_delay_s)
             try:
                 # while the database is away the batch waits here, and what follows it waits
                 # in the queue and then in the broker: held, not dropped

@@ -40,6 +40,7 @@ def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
         metrics,
         batch_size=settings.ingest_batch_size,
         max_delay_s=settings.ingest_max_delay_s,
+        telemetry_delay_s=settings.ingest_telemetry_delay_s,
         ack_window=settings.mqtt_broker_inflight,
         last_seen_resolution_s=settings.last_seen_resolution_s,
     )

@@ -126,10 +126,11 @@ def control_plane_config(workdir: Path, mqtt_port: int, port: int) -> Path:
                 "state_dir": str(state),
                 "artifact_dir": str(state / "artifacts"),
                 "log_level": "WARNING",
-                # as the broker's max_inflight_messages; batches of up to 5,000 messages
-                # (10 times the default) dirty each index page for several rows, not one
+                # as the broker's max_inflight_messages; batches of up to 20,000 messages,
+                # a second of telemetry at the rates measured (ingest_telemetry_delay_s), dirty
+                # each index page for several rows, not one
                 "mqtt_broker_inflight": 20000,
-                "ingest_batch_size": 5000,
+                "ingest_batch_size": 20000,
             }
         )
     )

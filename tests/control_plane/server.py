@@ -49,7 +49,8 @@ def control_plane(
 ) -> Iterator[RunningControlPlane]:
     settings = ControlPlaneSettings(
         db_url=db_url, mqtt_url=mqtt_url, host="127.0.0.1", port=port, state_dir=state_dir,
-        artifact_dir=state_dir / "artifacts", rollout_tick_s=0.2, ingest_max_delay_s=0.05, **overrides,
+        artifact_dir=state_dir / "artifacts", rollout_tick_s=0.2, ingest_max_delay_s=0.05,
+        ingest_telemetry_delay_s=0.05, **overrides,
     )  # fmt: skip
     services, trust = build(settings)
     server = uvicorn.Server(uvicorn.Config(create_app(services, trust), host="127.0.0.1", port=port,

@@ -126,3 +126,52 @@ def test_telemetry_rows_go_to_the_driver_as_they_are(dialect: Dialect) -> None:
         assert raw is not None
         rows = [row]
         assert raw.params(rows, prepared=PREPARED) is rows
+
+
+def event(seq: int) -> bytes:
+    return json.dumps(
+        {
+            "schema_version": 1,
+            "device_id": "dev-1",
+            "event_id": f"e-{seq}",
+            "time": "2026-12-03T07:00:10Z",
+            "model": "mlp",
+            "version": 2,
+            "state": "received",
+        }
+    ).encode()
+
+
+def test_telemetry_waits_for_company_but_an_event_is_written_promptly(tmp_path: Path) -> None:
+    """A batch of telemetry alone waits up to its longer delay (longer batches dirty fewer
+    index pages per row); an event arriving cuts it to the events' short one."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'cp.db'}"
+    migrate(url)
+
+    async def run() -> tuple[int, int, float]:
+        engine = make_engine(url)
+        ingest = Ingestor(
+            session_factory(engine),
+            FleetMetrics(),
+            batch_size=100,
+            max_delay_s=0.05,
+            telemetry_delay_s=30.0,
+        )
+        writer = asyncio.create_task(ingest.run())
+        ingest.telemetry("dev-1", telemetry(1, "2026-12-03T07:00:00Z", 10))
+        await asyncio.sleep(0.5)
+        waiting = ingest.stored  # 0: the telemetry waits for more
+        started = asyncio.get_running_loop().time()
+        ingest.event("dev-1", event(1))
+        while ingest.stored < 2:
+            await asyncio.sleep(0.01)
+        took = asyncio.get_running_loop().time() - started
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+        await engine.dispose()
+        return waiting, ingest.stored, took
+
+    waiting, stored, took = asyncio.run(run())
+    assert waiting == 0
+    assert stored == 2
+    assert took < 15  # written with the event, not after the telemetry's 30 s

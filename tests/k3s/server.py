@@ -37,6 +37,7 @@ def control_plane_in_cluster(
         artifact_dir=state_dir / "artifacts",
         rollout_tick_s=0.2,
         ingest_max_delay_s=0.05,
+        ingest_telemetry_delay_s=0.05,
         kubernetes=KubernetesSettings.model_validate(k8s),
     )
     services, trust = build(settings)
