@@ -78,7 +78,7 @@ class ControlPlaneSettings(BaseSettings):
     """Longest telemetry waits to be written with other telemetry. The dedupe keys scatter a
     batch over as many index pages as it has devices, so a longer batch puts more rows on each
     page it dirties: at 5,000 devices and 15,000 messages/s, 1 s batches held the control plane
-    at 0.40-0.46 of a core while the tables grew, where 0.2 s ones climbed from 0.57 to 0.86 (the
+    at 0.39-0.46 of a core while the tables grew, where 0.2 s ones climbed from 0.57 to 0.86 (the
     commits' log writes). An event or status in the batch cuts the wait to
     ``ingest_max_delay_s``."""
     mqtt_broker_inflight: int = Field(default=20, ge=1, le=65535)
