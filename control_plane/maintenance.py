@@ -8,7 +8,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import Select, delete, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from control_plane.db.models import DeviceSample, TelemetryRollup, TelemetrySample
@@ -17,6 +17,17 @@ from control_plane.settings import ControlPlaneSettings
 
 log = logging.getLogger("edgefleet.control_plane.maintenance")
 CHUNK = 10_000
+
+
+def expired(cutoff: datetime) -> Select[TelemetrySample]:
+    """The next chunk of raw windows older than ``cutoff``, by time: the time index gives both
+    the range and the order, so a pass reads what expired, not the table."""
+    return (
+        select(TelemetrySample)
+        .where(TelemetrySample.time < cutoff)
+        .order_by(TelemetrySample.time)
+        .limit(CHUNK)
+    )
 
 
 async def compact(
@@ -31,18 +42,7 @@ async def compact(
     folded = 0
     while True:
         async with sessions.begin() as s:
-            rows = (
-                (
-                    await s.execute(
-                        select(TelemetrySample)
-                        .where(TelemetrySample.time < cutoff)
-                        .order_by(TelemetrySample.id)
-                        .limit(CHUNK)
-                    )
-                )
-                .scalars()
-                .all()
-            )
+            rows = (await s.execute(expired(cutoff))).scalars().all()
             if not rows:
                 break
             buckets: dict[tuple[str, str, int, datetime], dict[str, Any]] = {}

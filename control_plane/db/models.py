@@ -151,13 +151,15 @@ class TelemetrySample(Base):
 
     Indexed for what is written thousands of times a second: the dedupe key, which also
     serves queries per device (a device's ``seq`` only grows, and its message's time with
-    it), and the health gates' (model, version, time). An index keyed by device and time
-    cost as much to maintain as the row itself (every batch dirtied pages all over it)."""
+    it), the health gates' (model, version, time), and retention's time (rows arrive in time
+    order: it only appends). An index keyed by device and time cost as much to maintain as
+    the row itself (every batch dirtied pages all over it)."""
 
     __tablename__ = "telemetry"
     __table_args__ = (
         UniqueConstraint("device_id", "seq", "model", "version"),
         Index("ix_telemetry_model_time", "model", "version", "time"),
+        Index("ix_telemetry_time", "time"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
