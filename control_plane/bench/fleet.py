@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
             "mosquitto_conf": mosquitto_config(1883, Path("WORKDIR")),
             "control_plane": (
                 "SQLite, ingest batches up to 20,000 messages (1 s of telemetry, 0.2 s with an "
-                "event), broker inflight 20,000, rollout tick 1 s"
+                "event), broker inflight 40,000, rollout tick 1 s"
             ),
             "simulator_client": "lean MQTT 3.1.1 on asyncio (control_plane/bench/mqttlite.py)",
         },
