@@ -47,13 +47,12 @@ async def insert_ignore(
     session: AsyncSession,
     table: Any,
     rows: list[dict[str, Any]],
-    memo: dict[int, Any] | None = None,
 ) -> None:
     """INSERT ... ON CONFLICT DO NOTHING, in the dialect of the session's database, of rows
     that all have the same keys."""
     if rows:
         names = tuple(rows[0])
-        await insert_rows(session, table, names, _tuples(names, rows), memo)
+        await insert_rows(session, table, names, _tuples(names, rows))
 
 
 async def insert_rows(
@@ -61,7 +60,6 @@ async def insert_rows(
     table: Any,
     names: tuple[str, ...],
     rows: list[tuple[Any, ...]],
-    memo: dict[int, Any] | None = None,
     prepared: frozenset[str] = frozenset(),
 ) -> None:
     """INSERT ... ON CONFLICT DO NOTHING of rows given as tuples of the columns ``names``.
@@ -84,7 +82,7 @@ async def insert_rows(
             stmt.on_conflict_do_nothing(), [dict(zip(names, row, strict=True)) for row in rows]
         )
         return
-    await conn.exec_driver_sql(raw.sql, raw.params(rows, memo, prepared))
+    await conn.exec_driver_sql(raw.sql, raw.params(rows, prepared))
 
 
 async def execute_many(
@@ -119,15 +117,10 @@ class RawStatement:
     processors: tuple[Callable[[Any], Any] | None, ...]
 
     def params(
-        self,
-        rows: list[tuple[Any, ...]],
-        memo: dict[int, Any] | None = None,
-        prepared: frozenset[str] = frozenset(),
+        self, rows: list[tuple[Any, ...]], prepared: frozenset[str] = frozenset()
     ) -> list[tuple[Any, ...]]:
         """The rows (tuples in the order of ``names``) with their values processed, but for
-        the columns in ``prepared``. ``memo`` keeps processed values by the identity of the
-        object processed, for rows that share it: the caller keeps the rows, and so the
-        objects, alive while it keeps the memo."""
+        the columns in ``prepared``: with none left to process, the rows themselves."""
         fixes = [
             (i, f)
             for i, (f, n) in enumerate(zip(self.processors, self.names, strict=True))
@@ -135,16 +128,12 @@ class RawStatement:
         ]
         if not fixes:
             return rows
-        memo = {} if memo is None else memo
         out: list[tuple[Any, ...]] = []
         for row in rows:
             values = list(row)
             for i, f in fixes:
                 if (value := values[i]) is not None:
-                    done = memo.get(id(value))
-                    if done is None:
-                        done = memo[id(value)] = f(value)
-                    values[i] = done
+                    values[i] = f(value)
             out.append(tuple(values))
         return out
 

@@ -159,7 +159,9 @@ def test_telemetry_waits_for_company_but_an_event_is_written_promptly(tmp_path: 
         )
         writer = asyncio.create_task(ingest.run())
         ingest.telemetry("dev-1", telemetry(1, "2026-12-03T07:00:00Z", 10))
-        await asyncio.sleep(0.5)
+        while ingest.queued:  # the writer has taken it into a batch
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # the events' delay, twice: a batch cut at it is written
         waiting = ingest.stored  # 0: the telemetry waits for more
         started = asyncio.get_running_loop().time()
         ingest.event("dev-1", event(1))
