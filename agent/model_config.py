@@ -54,6 +54,11 @@ class BatchingConfig(_Strict):
     """Batch sizes to run at once when they can be formed, without waiting the delay."""
     max_queue_delay_us: int = Field(default=0, ge=0)
     """Longest a request waits for others to fill a batch once an instance is free."""
+    balance_batches: bool = True
+    """With no ``max_queue_delay_us``: when an instance frees holding fewer rows than recent
+    batches had, wait for the rest (at most a quarter of a batch's compute time, 20 ms at
+    most), so that a closed loop of clients settles into equal batches instead of a lone
+    request alternating with all the others."""
     max_queue_size: int = Field(default=256, ge=1)
     """Requests that may wait; a full queue answers 503 with Retry-After at once."""
     default_timeout_us: int = Field(default=0, ge=0)

@@ -7,6 +7,19 @@ full or of a preferred size, or once the oldest request has waited ``max_queue_d
 otherwise the scheduler waits for more. Batches form only when an instance is free, so under
 load they grow by themselves (Triton forms batches the same way).
 
+Without a queue delay, a closed loop of clients does not settle into equal batches by itself:
+with 8 clients, a request answered early comes back while the other 7 compute, is alone in the
+queue when the instance frees, and runs alone; the 7 return during its short run and run
+together, and so on (batches of 1 and 7 instead of 4 and 4, each less efficient). Holding a
+lone request until everyone is back is no better: one batch of 8 leaves the instance idle while
+its answers and the next requests cross HTTP. So, with ``balance_batches``, when an instance
+frees the scheduler aims at half of the rows queued plus those of the batch that just finished
+(in a closed loop, half of the clients): it waits for that many rows, for at most a quarter of
+the average batch's compute time and never more than ``MAX_HOLD_S``, and takes no more than
+that many unless the batch would be full. Two groups then alternate, one computing while the
+other crosses HTTP. With steady light load the aim is what is queued
+and nothing waits; after a real drop in load one request is held once.
+
 Outputs are split back by rows after checking each output has the summed row count (the
 runtime does that check). A failing batch fails only its own requests. A request that
 times out in the queue is answered with :class:`DeadlineExceededError` and never run; one whose
@@ -30,6 +43,11 @@ from runtimes.base import Runtime
 from runtimes.errors import InferenceFailedError, RuntimeFailure
 
 Arrays = dict[str, np.ndarray]
+
+MAX_HOLD_S = 0.02
+"""Longest an undersized batch is held for balance, whatever the model's compute time."""
+HOLD_FRACTION = 0.25
+"""The hold as a fraction of the average batch's compute time: the most the instance idles."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +112,9 @@ class Batcher:
         # Smoothed cost of a batch, for an honest Retry-After.
         self._batch_s = 0.01
         self._rows_per_batch = 1.0
+        self._last_rows = 0
+        self._hold_until: float | None = None
+        self._hold_rows = 0
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -247,18 +268,47 @@ class Batcher:
         """The batch to run now, or None to wait for more requests (or for none at all)."""
         head = next((q[0] for q in self._queues if q), None)
         if head is None:
+            self._hold_until = None
             return None
         candidates = self._candidates(head)
+        rows = sum(i.rows for i in candidates)
         take: list[_Item] | None = None
-        if not self.batched or sum(i.rows for i in candidates) >= self.max_rows:
+        if not self.batched or rows >= self.max_rows:
             take = candidates
         elif (preferred := self._preferred_prefix(candidates)) is not None:
             take = preferred
-        elif now >= head.enqueued + self.config.max_queue_delay_us / 1e6:
+        elif self.config.max_queue_delay_us:
+            if now >= head.enqueued + self.config.max_queue_delay_us / 1e6:
+                take = candidates
+        elif self.config.balance_batches:
+            aim, until = self._aim(rows, now)
+            if rows >= aim or now >= until:
+                take = self._prefix(candidates, aim)
+        else:
             take = candidates
         if take is not None:
+            self._hold_until = None
             self._remove(take)
         return take
+
+    def _aim(self, rows: int, now: float) -> tuple[int, float]:
+        """The batch size ``balance_batches`` aims at: half of the ``rows`` queued and those
+        of the batch that just finished, both as first seen with an instance free; the hold's
+        deadline is fixed then too."""
+        if self._hold_until is None:
+            self._hold_rows = max(1, (rows + self._last_rows + 1) // 2)
+            self._hold_until = now + min(HOLD_FRACTION * self._batch_s, MAX_HOLD_S)
+        return self._hold_rows, self._hold_until
+
+    @staticmethod
+    def _prefix(candidates: list[_Item], rows: int) -> list[_Item]:
+        """The leading candidates holding at most ``rows`` rows (the first one at least)."""
+        total = 0
+        for n, item in enumerate(candidates):
+            total += item.rows
+            if total > rows:
+                return candidates[: max(n, 1)]
+        return candidates
 
     def _next_wake(self) -> float | None:
         """When the scheduler must look again without being woken: the oldest request's
@@ -266,7 +316,10 @@ class Batcher:
         times = [i.deadline for q in self._queues for i in q if i.deadline is not None]
         head = next((q[0] for q in self._queues if q), None)
         if head is not None and self._free:
-            times.append(head.enqueued + self.config.max_queue_delay_us / 1e6)
+            if self.config.max_queue_delay_us:
+                times.append(head.enqueued + self.config.max_queue_delay_us / 1e6)
+            elif self._hold_until is not None:
+                times.append(self._hold_until)
         return min(times) if times else None
 
     def _candidates(self, head: _Item) -> list[_Item]:
@@ -354,6 +407,7 @@ class Batcher:
                 outputs, error = {}, InferenceFailedError(f"{self.name}: {exc!r}")
             compute_s = time.monotonic() - started
             rows = sum(i.rows for i in live)
+            self._last_rows = rows
             self._learn(rows, compute_s)
             if self._observer is not None:
                 self._observer(rows, compute_s)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -25,10 +26,13 @@ class EchoRuntime(Runtime):
     name = "onnxruntime"
     formats = frozenset()
 
-    def __init__(self, fail_on_negative: bool = False, wrong_rows: bool = False) -> None:
+    def __init__(
+        self, fail_on_negative: bool = False, wrong_rows: bool = False, compute_s: float = 0.0
+    ) -> None:
         super().__init__()
         self.batches: list[tuple[int, ...]] = []
         self.fail_on_negative, self.wrong_rows = fail_on_negative, wrong_rows
+        self.compute_s = compute_s
         self.hold = threading.Event()
         self.hold.set()
         self._signature = ModelSignature(
@@ -41,6 +45,7 @@ class EchoRuntime(Runtime):
 
     def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.hold.wait(10)
+        time.sleep(self.compute_s)
         x = inputs["x"]
         self.batches.append(x.shape)
         if self.fail_on_negative and (x < 0).any():
@@ -88,7 +93,8 @@ async def _hold_then_release(
 def test_only_requests_with_the_same_non_batch_shape_share_a_batch() -> None:
     async def main() -> None:
         rt = EchoRuntime()
-        b = _held_batcher(rt, max_batch_size=16)
+        # without balancing: the three same-shaped requests form one batch however they came
+        b = _held_batcher(rt, max_batch_size=16, balance_batches=False)
         b.start()
         arrays = [np.full((1, 4), i, np.float32) for i in range(3)] + [
             np.full((2, 8), 9, np.float32)
@@ -189,5 +195,78 @@ def test_close_fails_waiting_requests_and_refuses_new_ones() -> None:
             await waiting
         with pytest.raises(ShuttingDownError):
             await b.infer({"x": np.ones((1, 4), np.float32)}, 1, priority=1, timeout_s=None)
+
+    run(main())
+
+
+async def _closed_loop(batcher: Batcher, runtime: EchoRuntime, clients: int, rounds: int) -> None:
+    """``clients`` that each send a request, wait for its answer, take a millisecond (the trip
+    back over HTTP) and send the next. One starts alone; the others join while its first
+    request runs, so the loop begins as one lone request and a group of the rest."""
+
+    async def client(first: asyncio.Future[None] | None) -> None:
+        if first is not None:
+            await first
+        for _ in range(rounds):
+            await batcher.infer({"x": np.ones((1, 4), np.float32)}, 1, priority=1, timeout_s=None)
+            await asyncio.sleep(0.001)
+
+    runtime.hold.clear()
+    started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    tasks = [asyncio.ensure_future(client(None))]
+    while not batcher.running:
+        await asyncio.sleep(0.001)
+    tasks += [asyncio.ensure_future(client(started)) for _ in range(clients - 1)]
+    started.set_result(None)
+    while batcher.pending < clients - 1:
+        await asyncio.sleep(0.001)
+    runtime.hold.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 60)
+
+
+@pytest.mark.parametrize("balance", [True, False])
+def test_a_closed_loop_of_clients_settles_into_equal_batches_only_with_balancing(
+    balance: bool,
+) -> None:
+    """8 clients, one instance, a batch costs 40 ms whatever its size: without balancing the
+    lone request stays alone (1, 7, 1, 7...); with it, two groups of 4 alternate."""
+
+    async def main() -> None:
+        rt = EchoRuntime(compute_s=0.04)
+        b = _held_batcher(rt, max_batch_size=32, balance_batches=balance)
+        b.start()
+        await _closed_loop(b, rt, clients=8, rounds=10)
+        await b.close()
+        rows = [shape[0] for shape in rt.batches]
+        assert sum(rows) == 8 * 10
+        tail = rows[-10:]
+        if balance:
+            assert sum(r == 4 for r in tail) >= 8, rows
+        else:
+            assert sum(r in (1, 7) for r in tail) >= 8, rows
+
+    run(main())
+
+
+def test_balancing_holds_a_lone_request_for_a_bounded_time_only() -> None:
+    """After a burst of 8 (run as two batches of 4, one computing while the other would cross
+    HTTP), a single client's request waits for company that never comes: it runs once the
+    hold (a quarter of the 40 ms batch) is over, and the next ones at once."""
+
+    async def main() -> None:
+        rt = EchoRuntime(compute_s=0.04)
+        b = _held_batcher(rt, max_batch_size=32)
+        b.start()
+        await _submit_all(b, [np.ones((1, 4), np.float32) for _ in range(8)])
+        assert [shape[0] for shape in rt.batches] == [4, 4]
+        lone = [
+            await b.infer({"x": np.ones((1, 4), np.float32)}, 1, priority=1, timeout_s=None)
+            for _ in range(3)
+        ]
+        await b.close()
+        assert [r.batch_rows for r in lone] == [1, 1, 1]
+        # held once, by at most the hold, then not at all: the last batch was of one row
+        assert lone[0].queue_s >= 0.25 * 0.04 * 0.5
+        assert lone[1].queue_s < lone[0].queue_s and lone[2].queue_s < lone[0].queue_s
 
     run(main())
