@@ -134,6 +134,7 @@ def server_config(settings: AgentSettings, state: ApiState) -> uvicorn.Config:
                 max_connections=settings.max_connections,
                 max_concurrent_requests=settings.max_concurrent_requests,
                 open_paths=frozenset(p.encode() for p in settings.api_key_open_paths),
+                whole_body_bytes=settings.max_request_bytes,
             )
         ),
         lifespan="on",

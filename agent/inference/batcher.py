@@ -73,6 +73,14 @@ class _Item:
     future: asyncio.Future[ItemResult] = field(repr=False)
 
 
+def _run_batch(runtime: Runtime, parts: list[Arrays]) -> Arrays:
+    """Stack the requests' inputs and run them, in the instance's thread: the copy of a batch
+    of images (2.4 MB for four 224x224 ones) is kept off the event loop."""
+    if len(parts) == 1:
+        return runtime.infer(parts[0])
+    return runtime.infer({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+
+
 def shape_key(inputs: Arrays, batched: bool) -> tuple[object, ...]:
     """Requests share a batch only if every input's non-batch shape and dtype agree."""
     skip = 1 if batched else 0
@@ -391,14 +399,13 @@ class Batcher:
         try:
             if not live:
                 return
-            if len(live) == 1:
-                inputs = live[0].inputs
-            else:
-                inputs = {k: np.concatenate([i.inputs[k] for i in live]) for k in live[0].inputs}
             started = time.monotonic()
             try:
                 outputs = await loop.run_in_executor(
-                    self._executors[instance], self._runtimes[instance].infer, inputs
+                    self._executors[instance],
+                    _run_batch,
+                    self._runtimes[instance],
+                    [i.inputs for i in live],
                 )
                 error: BaseException | None = None
             except RuntimeFailure as exc:

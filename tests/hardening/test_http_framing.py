@@ -1,11 +1,13 @@
-"""How responses leave the agent's HTTP protocol, over raw sockets: a response's head is held
-until its body so both go in one write, without breaking what holds or has no body (HEAD,
+"""How requests enter and responses leave the agent's HTTP protocol, over raw sockets: a body
+with a declared length is collected whole however it is split; a response's head is held until
+its body so both go in one write, without breaking what holds or has no body (HEAD,
 ``100 Continue``, pipelined requests, a connection closed after its answer)."""
 
 from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -153,3 +155,39 @@ def test_connection_close_is_answered_then_closed(agent: RunningAgent) -> None:
         answer = read_response(sock)
         assert answer.status == 200 and "outputs" in answer.json()
         assert closed_by_peer(sock)
+
+
+def _rows_body(rows: int) -> tuple[bytes, np.ndarray]:
+    x = np.random.default_rng(rows).standard_normal((rows, 256)).astype(np.float32)
+    doc = {"inputs": [{"name": "input", "shape": [rows, 256], "datatype": "FP32",
+                       "data": x.ravel().tolist()}]}  # fmt: skip
+    return json.dumps(doc).encode(), x
+
+
+def test_a_body_in_many_packets_is_collected_whole_and_exact(agent: RunningAgent) -> None:
+    body, x = _rows_body(64)  # about 330 KB: over uvicorn's 64 KiB step five times
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(body))}
+    with connect(agent.url) as sock:
+        sock.sendall(head("POST", INFER, headers) + body)
+        at_once = read_response(sock)
+        sock.sendall(head("POST", INFER, headers))
+        for start in range(0, len(body), 50_000):
+            time.sleep(0.005)  # separate packets, each its own data_received
+            sock.sendall(body[start : start + 50_000])
+        in_pieces = read_response(sock)
+    assert at_once.status == in_pieces.status == 200
+    out = at_once.json()["outputs"][0]
+    assert out["shape"] == [64, 10] and in_pieces.json()["outputs"] == at_once.json()["outputs"]
+
+
+def test_a_chunked_body_without_a_length_still_arrives_in_steps(agent: RunningAgent) -> None:
+    body, _ = _rows_body(64)
+    chunked = b"".join(
+        b"%x\r\n%s\r\n" % (len(body[i : i + 40_000]), body[i : i + 40_000])
+        for i in range(0, len(body), 40_000)
+    )
+    headers = {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
+    with connect(agent.url) as sock:
+        sock.sendall(head("POST", INFER, headers) + chunked + b"0\r\n\r\n")
+        answer = read_response(sock)
+    assert answer.status == 200 and answer.json()["outputs"][0]["shape"] == [64, 10]
