@@ -32,7 +32,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -254,12 +254,20 @@ class Batcher:
                     pass
 
     def _dispatch(self, instance: int, batch: list[_Item]) -> None:
+        """Hand the batch to its instance's thread now; a task waits for it and answers."""
         prev, delivered = self._last_delivered, None
         if self.config.preserve_ordering:
             delivered = asyncio.get_running_loop().create_future()
             self._last_delivered = delivered
+        live = [i for i in batch if not i.future.done()]
+        work = None
+        if live:
+            work = self._executors[instance].submit(
+                _run_batch, self._runtimes[instance], [i.inputs for i in live]
+            )
         task = asyncio.create_task(
-            self._execute(instance, batch, prev, delivered), name=f"batch:{self.name}"
+            self._execute(instance, live, work, time.monotonic(), prev, delivered),
+            name=f"batch:{self.name}",
         )
         self._running.add(task)
         task.add_done_callback(self._batch_done)
@@ -390,23 +398,18 @@ class Batcher:
     async def _execute(
         self,
         instance: int,
-        items: list[_Item],
+        live: list[_Item],
+        work: Future[Arrays] | None,
+        started: float,
         prev: asyncio.Future[None] | None,
         delivered: asyncio.Future[None] | None,
     ) -> None:
-        loop = asyncio.get_running_loop()
-        live = [i for i in items if not i.future.done()]
+        freed = False
         try:
-            if not live:
+            if work is None:
                 return
-            started = time.monotonic()
             try:
-                outputs = await loop.run_in_executor(
-                    self._executors[instance],
-                    _run_batch,
-                    self._runtimes[instance],
-                    [i.inputs for i in live],
-                )
+                outputs = await asyncio.wrap_future(work)
                 error: BaseException | None = None
             except RuntimeFailure as exc:
                 outputs, error = {}, exc
@@ -418,14 +421,27 @@ class Batcher:
             self._learn(rows, compute_s)
             if self._observer is not None:
                 self._observer(rows, compute_s)
+            # The next batch starts before this one's answers are written: the instance does
+            # not wait for the event loop to get round to the scheduler.
+            self._free.append(instance)
+            freed = True
+            self._start_next()
             if prev is not None:
                 await asyncio.shield(prev)  # preserve_ordering: earlier batches answer first
             self._deliver(live, outputs, error, started, compute_s, rows)
         finally:
-            self._free.append(instance)
+            if not freed:
+                self._free.append(instance)
             self._changed.set()
             if delivered is not None and not delivered.done():
                 delivered.set_result(None)
+
+    def _start_next(self) -> None:
+        if self._closed:
+            return
+        batch = self._form_batch(time.monotonic())
+        if batch is not None:
+            self._dispatch(self._free.pop(), batch)
 
     def _deliver(
         self,
