@@ -66,10 +66,14 @@ def serving_section(serving: dict[str, Any], images: Path, rel: str) -> list[str
         out += [
             f"### `{model}`",
             "",
-            f"Raw ONNX Runtime in-process, best batch size {raw['best_batch']}: "
+            f"Raw ONNX Runtime in-process, best batch size {raw['best_batch']}"
+            f"{_sessions(raw.get('best_instances', 1))}: "
             f"**{raw_rps:.0f} rows/s** (median of {len(raw['runs_rows_per_s'])}).",
             "",
         ]
+        if m.get("agent_config"):
+            config = m["agent_config"].strip().replace("\n", "; ")
+            out += [f"The agents' model configuration: `{config}`.", ""]
         concs = sorted({c["concurrency"] for c in m["cells"]})
         rows = []
         for system, body in sorted({(c["system"], c["body"]) for c in m["cells"]}):
@@ -231,3 +235,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _sessions(instances: int) -> str:
+    return "" if instances == 1 else f", {instances} sessions side by side"

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from runtimes.backends import open_model
 from runtimes.base import Placement
 from runtimes.examples import write_example_repository
 from runtimes.formats import find_model_file
+from runtimes.settings import RuntimeSettings
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 
@@ -119,20 +121,35 @@ def load(
     return result
 
 
-def raw_throughput(model_file: Path, row: np.ndarray, batch: int, duration_s: float) -> float:
-    """Rows per second of ONNX Runtime in this process at one batch size."""
-    runtime = open_model(
-        model_file, Placement(runtime="onnxruntime", providers=("CPUExecutionProvider",))
-    )
+def raw_throughput(
+    model_file: Path, row: np.ndarray, batch: int, duration_s: float, instances: int = 1
+) -> float:
+    """Rows per second of ONNX Runtime in this process at one batch size: ``instances``
+    sessions run side by side, one thread each calling it, with the CPU threads split between
+    them as the agent splits them (``agent.inference.versions.open_instances``)."""
+    placement = Placement(runtime="onnxruntime", providers=("CPUExecutionProvider",))
+    settings = RuntimeSettings()
+    if instances > 1:
+        threads = max(1, (os.cpu_count() or 1) // instances)
+        settings = settings.model_copy(update={"intra_op_threads": threads})
+    runtimes = [open_model(model_file, placement, settings) for _ in range(instances)]
     x = np.repeat(row, batch, axis=0)
-    runtime.infer({"input": x})
-    rows, started = 0, time.perf_counter()
-    while time.perf_counter() - started < duration_s:
+    counts = [0] * instances
+
+    def run(k: int, stop_at: float) -> None:
+        while time.perf_counter() < stop_at:
+            runtimes[k].infer({"input": x})
+            counts[k] += batch
+
+    for runtime in runtimes:
         runtime.infer({"input": x})
-        rows += batch
+    started = time.perf_counter()
+    with ThreadPoolExecutor(instances) as pool:
+        list(pool.map(run, range(instances), [started + duration_s] * instances))
     elapsed = time.perf_counter() - started
-    runtime.close()
-    return rows / elapsed
+    for runtime in runtimes:
+        runtime.close()
+    return sum(counts) / elapsed
 
 
 def main() -> None:

@@ -127,11 +127,14 @@ def agent(
     *,
     batching: bool = True,
     cache_dir: Path | None = None,
+    config: str = "",
 ) -> AbstractContextManager[Running]:
-    """``repository`` holds only ``model``; with ``batching=False`` its config turns it off;
-    ``cache_dir`` is the compiled-model cache (none by default)."""
-    if not batching:
-        (repository / model / "config.toml").write_text("[batching]\nmax_batch_size = 0\n")
+    """``repository`` holds only ``model``; ``config`` is its config.toml's top-level settings
+    (none by default); with ``batching=False`` its config turns batching off; ``cache_dir`` is
+    the compiled-model cache (none by default)."""
+    if config or not batching:
+        text = config + ("" if batching else "[batching]\nmax_batch_size = 0\n")
+        (repository / model / "config.toml").write_text(text)
     port = free_port()
     exe = Path(sys.executable).parent / "edgefleet"
     env = _quiet_env(EDGEFLEET_AGENT_ACCESS_LOG="false", EDGEFLEET_AGENT_LOG_LEVEL="WARNING")
