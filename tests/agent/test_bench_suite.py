@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
+
 from agent.bench.bodies import make_bodies
 from agent.bench.goals import evaluate
 from agent.bench.report import render
+from agent.bench.serving import raw_throughput
 from agent.bench.suite import measure
 from agent.bench.systems import agent, fastapi_endpoint
 from tests.agent.server import copy_models
@@ -114,3 +117,23 @@ def test_bench_command_renders_saved_results(tmp_path: Path) -> None:
         "| mlp, JSON V2, c=32: agent / plain FastAPI | >= 2 x | 3.00 x (300 vs 100 req/s) | met |"
         in text
     )
+
+
+def test_a_model_config_reaches_both_agents_and_raw_runs_sessions_side_by_side(
+    example_repo: Path, tmp_path: Path
+) -> None:
+    """The suite's per-model configuration (two instances for cnn) is what the agents serve,
+    batching on and off; and the raw reference can run as many sessions side by side."""
+    bodies = make_bodies("mlp")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for batching in (True, False):
+        repo = copy_models(example_repo, tmp_path / f"repo-{batching}", "mlp")
+        with agent(
+            repo, "mlp", bodies.json[0], logs, config="instances = 2\n", batching=batching
+        ) as a:
+            config = httpx.get(f"{a.base_url}/v2/models/mlp/config").json()
+        assert config["instances"] == 2
+        assert config["batching"]["max_batch_size"] == (32 if batching else 0)
+    model_file = example_repo / "mlp" / "1" / "model.onnx"
+    assert raw_throughput(model_file, bodies.row, 4, 0.2, instances=2) > 0
