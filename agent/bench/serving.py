@@ -29,7 +29,8 @@ import httpx
 import numpy as np
 import psutil
 
-from runtimes.backends import open_model
+from agent.inference.versions import open_instances
+from agent.model_config import ModelConfig
 from runtimes.base import Placement
 from runtimes.examples import write_example_repository
 from runtimes.formats import find_model_file
@@ -125,14 +126,16 @@ def raw_throughput(
     model_file: Path, row: np.ndarray, batch: int, duration_s: float, instances: int = 1
 ) -> float:
     """Rows per second of ONNX Runtime in this process at one batch size: ``instances``
-    sessions run side by side, one thread each calling it, with the CPU threads split between
-    them as the agent splits them (``agent.inference.versions.open_instances``)."""
+    sessions run side by side, one thread each calling it, loaded as the agent loads them (the
+    CPU threads split between them)."""
     placement = Placement(runtime="onnxruntime", providers=("CPUExecutionProvider",))
-    settings = RuntimeSettings()
-    if instances > 1:
-        threads = max(1, (os.cpu_count() or 1) // instances)
-        settings = settings.model_copy(update={"intra_op_threads": threads})
-    runtimes = [open_model(model_file, placement, settings) for _ in range(instances)]
+    runtimes, _ = open_instances(
+        model_file,
+        placement,
+        RuntimeSettings(),
+        ModelConfig(instances=instances),
+        os.cpu_count() or 1,
+    )
     x = np.repeat(row, batch, axis=0)
     counts = [0] * instances
 

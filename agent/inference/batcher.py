@@ -17,8 +17,8 @@ frees the scheduler aims at half of the rows queued plus those of the batch that
 (in a closed loop, half of the clients): it waits for that many rows, for at most a quarter of
 the average batch's compute time and never more than ``MAX_HOLD_S``, and takes no more than
 that many unless the batch would be full. Two groups then alternate, one computing while the
-other crosses HTTP. With steady light load the aim is what is queued
-and nothing waits; after a real drop in load one request is held once.
+other crosses HTTP. With steady light load the aim is what is queued and nothing waits; after
+a real drop in load one request is held once.
 
 Outputs are split back by rows after checking each output has the summed row count (the
 runtime does that check). A failing batch fails only its own requests. A request that
