@@ -16,7 +16,7 @@ import tritonclient.http as triton
 
 from runtimes.golden import GoldenSample
 from tests.agent.models import write_upper_model
-from tests.agent.server import RunningAgent, copy_models, serve
+from tests.agent.server import RunningAgent, copy_models, serve, wait_until
 
 MODELS = ("mlp", "cnn", "cnn_ir", "mlp_tflite")
 
@@ -373,7 +373,13 @@ def test_access_log_is_json_with_request_id(
                 ]
             },
         )
-    record = next(r for r in caplog.records if getattr(r, "request_id", None) == "log-me")
+
+        # the line is written once the response has left: the client may read it first
+        def logged() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if getattr(r, "request_id", None) == "log-me"]
+
+        wait_until(logged, what="the access log line")
+    record = logged()[0]
     assert (record.model, record.version, record.status) == ("mlp", "1", 200)  # type: ignore[attr-defined]
     assert record.compute_ms is not None  # type: ignore[attr-defined]
 
