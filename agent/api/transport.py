@@ -30,8 +30,11 @@ async def read_body(request: Request, limit: int, setting: str = "max_request_by
         size += len(chunk)
         if size > limit:
             raise PayloadTooLargeError(f"body is over the limit of {limit} bytes ({setting})")
-        chunks.append(chunk)
-    body = b"".join(chunks)
+        if chunk:
+            chunks.append(chunk)
+    # one chunk (a body collected whole, agent.api.http_protocol) is taken as it is: a join
+    # would copy it
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     encoding = request.headers.get("content-encoding", "identity").lower()
     if encoding in ("gzip", "deflate"):
         body = _inflate(body, encoding, limit, setting)

@@ -10,6 +10,7 @@ import socket
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -130,11 +131,22 @@ def test_pipelined_requests_are_answered_in_order(agent: RunningAgent) -> None:
         sock.sendall(
             head("GET", "/v2/models/mlp") + infer_head() + BODY + head("GET", "/v2/health/ready")
         )
-        data = b""  # the answers may share reads: split them by their lengths
-        while not data.endswith(b'{"ready":true}'):
-            chunk = sock.recv(65536)
-            assert chunk, f"closed after {data!r}"
-            data += chunk
+        bodies = _pipelined_answers(sock, b'{"ready":true}')
+    assert [sorted(b)[:2] for b in bodies] == [
+        ["inputs", "name"],
+        ["id", "model_name"],
+        ["ready"],
+    ]
+
+
+def _pipelined_answers(sock: socket.socket, last: bytes) -> list[Any]:
+    """The JSON bodies of 200 answers up to the one ending with ``last``: answers may share
+    reads, so they are split by their lengths."""
+    data = b""
+    while not data.endswith(last):
+        chunk = sock.recv(65536)
+        assert chunk, f"closed after {data!r}"
+        data += chunk
     bodies = []
     while data:
         raw_head, _, rest = data.partition(b"\r\n\r\n")
@@ -142,11 +154,7 @@ def test_pipelined_requests_are_answered_in_order(agent: RunningAgent) -> None:
         length = int(raw_head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
         bodies.append(json.loads(rest[:length]))
         data = rest[length:]
-    assert [sorted(b)[:2] for b in bodies] == [
-        ["inputs", "name"],
-        ["id", "model_name"],
-        ["ready"],
-    ]
+    return bodies
 
 
 def test_connection_close_is_answered_then_closed(agent: RunningAgent) -> None:
@@ -191,3 +199,29 @@ def test_a_chunked_body_without_a_length_still_arrives_in_steps(agent: RunningAg
         sock.sendall(head("POST", INFER, headers) + chunked + b"0\r\n\r\n")
         answer = read_response(sock)
     assert answer.status == 200 and answer.json()["outputs"][0]["shape"] == [64, 10]
+
+
+def test_a_body_read_past_the_parser_leaves_a_pipelined_request_whole(
+    agent: RunningAgent,
+) -> None:
+    """The part of a body after its first packet is read straight into the body's buffer, never
+    further: a request sent right behind it is parsed as the next one."""
+    body, _ = _rows_body(128)  # about 660 KB: more than one read of the connection's buffer
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(body))}
+    with connect(agent.url) as sock:
+        sock.sendall(head("POST", INFER, headers) + body + head("GET", "/v2/health/ready"))
+        bodies = _pipelined_answers(sock, b'{"ready":true}')
+    assert bodies[0]["outputs"][0]["shape"] == [128, 10]
+    assert bodies[1:] == [{"ready": True}]
+
+
+def test_a_client_gone_halfway_through_a_body_costs_nothing_else(agent: RunningAgent) -> None:
+    body, _ = _rows_body(128)
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(body))}
+    with connect(agent.url) as sock:
+        sock.sendall(head("POST", INFER, headers) + body[: len(body) // 2])
+        time.sleep(0.05)  # the first half is read into the body's buffer before the close
+    with connect(agent.url) as sock:
+        sock.sendall(infer_head() + BODY)
+        answer = read_response(sock)
+    assert answer.status == 200 and "outputs" in answer.json()
