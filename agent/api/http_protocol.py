@@ -167,7 +167,6 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[arg-type]
         self._buffered = False  # reading through _Reader
-        self._receiving = False  # reads go straight into the body collected whole
         self._answered = False
         self._discarding = False  # the body of a refused request is parsed and dropped
         self._counted = 0  # requests of this connection in in_flight
@@ -188,19 +187,23 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self.timeout_keep_alive, self.timeout_keep_alive_handler
         )
 
+    def _into_whole(self) -> bool:
+        """Whether the next read goes straight into the body being collected: its head and
+        its first packet's share of the body went through the parser, the rest bypasses it."""
+        return self._whole is not None and self._filled < len(self._whole)
+
     def get_buffer(self, sizehint: int) -> memoryview:
         whole = self._whole
-        if self._receiving and whole is not None:
+        if whole is not None and self._filled < len(whole):  # _into_whole
             return whole[self._filled :]  # the kernel reads no further than this body
         return self.read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:
-        if not self._receiving:
+        if not self._into_whole():
             self.data_received(self.read_buffer[:nbytes])  # type: ignore[arg-type]
             return
         self._filled += nbytes
         if self._whole is not None and self._filled == len(self._whole):
-            self._receiving = False
             # The parser still waits for the body it never saw: the next request gets a new one.
             self.parser = httptools.HttpRequestParser(self)
             self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
@@ -219,13 +222,6 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self._buffered:
-            whole = self._whole
-            # The head is parsed and its packet's share of the body copied: the rest of the
-            # body is read into its buffer, past the parser.
-            self._receiving = (
-                whole is not None and self._filled < len(whole) and not self.transport.is_closing()
-            )
         # Most bodies arrive with their head: the timer is armed only for one that does not.
         if self._in_body and self._body_timer is None and not self.transport.is_closing():
             self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
