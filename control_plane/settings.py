@@ -75,9 +75,10 @@ class ControlPlaneSettings(BaseSettings):
     ingest_max_delay_s: float = Field(default=0.2, gt=0)
     """Longest a device event or status waits to be written with others."""
     ingest_telemetry_delay_s: float = Field(default=1.0, gt=0)
-    """Longest telemetry waits to be written with other telemetry. The dedupe keys scatter a
+    """Longest telemetry waits to be written with other telemetry. An index by device scatters a
     batch over as many index pages as it has devices, so a longer batch puts more rows on each
-    page it dirties: at 5,000 devices and 15,000 messages/s, 1 s batches held the control plane
+    page it dirties (measured when both telemetry tables had one; only device_telemetry has
+    since revision 0004): at 5,000 devices and 15,000 messages/s, 1 s batches held the control plane
     at 0.39-0.46 of a core while the tables grew, where 0.2 s ones climbed from 0.57 to 0.86 (the
     commits' log writes). An event or status in the batch cuts the wait to
     ``ingest_max_delay_s``."""

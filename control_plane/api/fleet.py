@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 from starlette.responses import Response
@@ -23,7 +23,13 @@ from control_plane.api.deps import (
     services,
 )
 from control_plane.auth import Principal
-from control_plane.db.models import Device, Rollout, RolloutDevice, TelemetrySample
+from control_plane.db.models import (
+    Device,
+    DeviceSample,
+    Rollout,
+    RolloutDevice,
+    TelemetrySample,
+)
 from control_plane.errors import Invalid, NotFound
 from control_plane.rollouts import RolloutSpec
 
@@ -212,6 +218,45 @@ async def act_on_rollout(
         return json_response(rollout_doc(await _rollout(s, rollout_id)))
 
 
+def windows(
+    since: datetime,
+    *,
+    device_id: str | None = None,
+    model: str | None = None,
+    version: int | None = None,
+    rollout: Rollout | None = None,
+) -> Select[TelemetrySample]:
+    """Telemetry windows since ``since``, newest first, of one device, model (version) or
+    rollout's model version on its devices."""
+    t = TelemetrySample
+    query = select(t).where(t.time >= since)
+    model_of: Any = t.model
+    version_of: Any = t.version
+    if device_id:
+        # through the device's messages (the one index by device), then each message's
+        # windows by their key: the telemetry table is indexed by time, not by device
+        d = DeviceSample
+        query = query.join(
+            d, (t.time == d.time) & (t.device_id == d.device_id) & (t.seq == d.seq)
+        ).where(d.device_id == device_id, d.time >= since)
+        # compared as expressions, so SQLite does not read the model's windows of every
+        # device through the (model, version, time) index instead
+        model_of, version_of = t.model.concat(""), t.version + 0
+    if model:
+        query = query.where(model_of == model)
+    if version is not None:
+        query = query.where(version_of == version)
+    if rollout is not None:
+        query = query.where(
+            model_of == rollout.model,
+            version_of == rollout.version,
+            t.device_id.in_(
+                select(RolloutDevice.device_id).where(RolloutDevice.rollout_id == rollout.id)
+            ),
+        )
+    return query.order_by(t.time.desc())
+
+
 @router.get("/telemetry", summary="Telemetry windows, per device, model (version) or rollout")
 async def telemetry(
     device_id: str | None = None,
@@ -223,24 +268,10 @@ async def telemetry(
     s: AsyncSession = SESSION,
     _: Principal = VIEWER,
 ) -> Response:
-    t = TelemetrySample
-    query = select(t).where(t.time >= datetime.now(UTC) - timedelta(seconds=since_s))
-    if device_id:
-        query = query.where(t.device_id == device_id)
-    if model:
-        query = query.where(t.model == model)
-    if version is not None:
-        query = query.where(t.version == version)
-    if rollout_id is not None:
-        r = await _rollout(s, rollout_id)
-        query = query.where(
-            t.model == r.model,
-            t.version == r.version,
-            t.device_id.in_(
-                select(RolloutDevice.device_id).where(RolloutDevice.rollout_id == rollout_id)
-            ),
-        )
-    rows = (await s.execute(query.order_by(t.time.desc()).limit(limit))).scalars()
+    since = datetime.now(UTC) - timedelta(seconds=since_s)
+    rollout = await _rollout(s, rollout_id) if rollout_id is not None else None
+    query = windows(since, device_id=device_id, model=model, version=version, rollout=rollout)
+    rows = (await s.execute(query.limit(limit))).scalars()
     return json_response(
         [
             {

@@ -4,20 +4,30 @@ labels, telemetry retention, fleet metrics, and migrations that match the models
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, func, select
 
+from control_plane.api.fleet import windows
 from control_plane.db.models import Base, TelemetryRollup, TelemetrySample
-from control_plane.db.session import make_engine, migrate, session_factory, sync_url
-from control_plane.ingest import insert_ignore
+from control_plane.db.session import (
+    alembic_config,
+    make_engine,
+    migrate,
+    session_factory,
+    sync_url,
+)
+from control_plane.ingest import Ingestor, insert_ignore
 from control_plane.maintenance import compact, expired
+from control_plane.metrics import FleetMetrics
 from control_plane.settings import ControlPlaneSettings
 from runtimes.examples.variants import mlp_version
 from tests.agent.server import wait_until
@@ -151,8 +161,89 @@ def test_retention_reads_what_expired_through_the_time_index(tmp_path: Path) -> 
     with engine.connect() as conn:
         plan = " | ".join(row[-1] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}"))
     engine.dispose()
-    assert "USING INDEX ix_telemetry_time (time<?)" in plan, plan
+    # the dedupe key, which starts with the time
+    assert "SEARCH telemetry USING INDEX sqlite_autoindex_telemetry_1 (time<?)" in plan, plan
     assert "TEMP B-TREE" not in plan, plan  # the index gives the order too
+
+
+def _message(device_id: str, seq: int, at: str, model: str) -> bytes:
+    return json.dumps(
+        {"device_id": device_id, "seq": seq, "time": at, "window_s": 10.0,
+         "models": [{"model": model, "version": 1, "requests": seq, "errors": 0, "rows": seq,
+                     "batches": 1}]}
+    ).encode()  # fmt: skip
+
+
+def test_a_devices_windows_are_read_through_its_messages(db_url: str) -> None:
+    """The telemetry table is indexed by time, not by device: a device's windows are found
+    through its device_telemetry rows, and SQLite's plan reads neither table whole nor every
+    device's windows of the model."""
+    migrate(db_url)
+    now = datetime.now(UTC)
+
+    async def scenario() -> dict[tuple[str | None, str | None], list[tuple[str, int, str]]]:
+        engine = make_engine(db_url)
+        sessions = session_factory(engine)
+        ingest = Ingestor(sessions, FleetMetrics(), batch_size=100, max_delay_s=0.01)
+        for seq in range(1, 5):
+            at = (now - timedelta(seconds=100 - 10 * seq)).isoformat()
+            for device in ("dev-a", "dev-b"):
+                ingest.telemetry(device, _message(device, seq, at, "m" if seq % 2 else "n"))
+        old = (now - timedelta(hours=2)).isoformat()
+        ingest.telemetry("dev-a", _message("dev-a", 99, old, "m"))  # before the window
+        await ingest.drain()
+        out: dict[tuple[str | None, str | None], list[tuple[str, int, str]]] = {}
+        async with sessions() as s:
+            cases: list[tuple[str | None, str | None]] = [
+                ("dev-a", None),
+                ("dev-a", "m"),
+                (None, "n"),
+            ]
+            for who, model in cases:
+                query = windows(now - timedelta(hours=1), device_id=who, model=model)
+                rows = (await s.scalars(query)).all()
+                out[who, model] = [(r.device_id, r.seq, r.model) for r in rows]
+        await engine.dispose()
+        return out
+
+    found = asyncio.run(scenario())
+    assert found["dev-a", None] == [("dev-a", 4, "n"), ("dev-a", 3, "m"), ("dev-a", 2, "n"),
+                                    ("dev-a", 1, "m")]  # fmt: skip
+    assert found["dev-a", "m"] == [("dev-a", 3, "m"), ("dev-a", 1, "m")]
+    assert sorted(found[None, "n"]) == [("dev-a", 2, "n"), ("dev-a", 4, "n"), ("dev-b", 2, "n"),
+                                        ("dev-b", 4, "n")]  # fmt: skip
+    if db_url.startswith("sqlite"):
+        engine = create_engine(sync_url(db_url))
+        query = windows(now, device_id="dev-a", model="m", version=1)
+        sql = str(query.compile(engine, compile_kwargs={"literal_binds": True}))
+        with engine.connect() as conn:
+            plan = " | ".join(r[-1] for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}"))
+        engine.dispose()
+        assert "SEARCH device_telemetry USING COVERING INDEX" in plan, plan
+        assert "SEARCH telemetry USING INDEX sqlite_autoindex_telemetry_1 (time=? AND " in plan
+        assert "SCAN" not in plan and "ix_telemetry_model_time" not in plan, plan
+
+
+def test_telemetry_keeps_its_rows_and_dedupes_across_the_key_migration(db_url: str) -> None:
+    """Revision 0004 moves the dedupe keys to (time, device, seq, ...): rows stored before it
+    stay, a redelivery of one of them is still refused, and a new message is taken."""
+    engine = create_engine(sync_url(db_url))
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "0003")
+        conn.exec_driver_sql(
+            "INSERT INTO device_telemetry (device_id, seq, time, dropped) "
+            "VALUES ('dev-1', 1, '2026-12-03 07:00:00.000000', 0)"
+        )
+    migrate(db_url)
+    with engine.begin() as conn:
+        for seq, at in ((1, "2026-12-03 07:00:00.000000"), (2, "2026-12-03 07:00:10.000000")):
+            conn.exec_driver_sql(
+                "INSERT INTO device_telemetry (device_id, seq, time, dropped) "
+                f"VALUES ('dev-1', {seq}, '{at}', 0) ON CONFLICT DO NOTHING"
+            )
+        stored = conn.exec_driver_sql("SELECT seq FROM device_telemetry ORDER BY seq").all()
+    engine.dispose()
+    assert [r[0] for r in stored] == [1, 2]
 
 
 def test_migrations_match_the_models(db_url: str) -> None:
