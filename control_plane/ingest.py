@@ -13,7 +13,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
@@ -248,6 +248,8 @@ class Ingestor:
         engine = sessions.kw.get("bind")
         self._driver_time = driver_time(engine.dialect) if engine is not None else None
         """Telemetry times are put in the driver's form as messages arrive, once each."""
+        self._device_checks = _checks(DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS)
+        self._sample_checks = _checks(TelemetrySample.__table__, SAMPLE_COLUMNS)
 
     # -- entry points (called by the MQTT adapter) ----------------------------------------
 
@@ -261,7 +263,8 @@ class Ingestor:
 
     def _parse(self, leaf: str, kind: type[M], device_id: str, payload: bytes) -> M | None:
         try:
-            message = kind.model_validate_json(payload)
+            # the validator itself: model_validate_json is a Python call around it
+            message: M = kind.__pydantic_validator__.validate_json(payload)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "message"
@@ -324,14 +327,14 @@ class Ingestor:
         if message is None:
             _call(ack)
             return
-        at = _utc(message.time)
+        at = message.time
+        if at.utcoffset() or at.tzinfo is None:  # what agents send is in UTC already
+            at = _utc(at)
         form = self._driver_time
         device, samples = telemetry_rows(message, at if form is None else form(at))
         # Checked here, one message at a time: a value the database refuses would otherwise
         # fail the whole batch, and with it other devices' telemetry.
-        why = unstorable_rows(
-            DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS, [device]
-        ) or unstorable_rows(TelemetrySample.__table__, SAMPLE_COLUMNS, samples)
+        why = _checked(self._device_checks, (device,)) or _checked(self._sample_checks, samples)
         if why:
             self.reject("telemetry", "out_of_range", device_id, why)
             _call(ack)
@@ -708,13 +711,17 @@ def unstorable(table: Any, rows: list[dict[str, Any]]) -> str | None:
 def unstorable_rows(table: Any, names: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str | None:
     """:func:`unstorable` for rows given as tuples of the columns ``names``. Runs for every
     message ingested: the checks are by position, prepared once per row shape."""
+    return _checked(_checks(table, names), rows)
+
+
+def _checked(checks: _Checks, rows: Sequence[tuple[Any, ...]]) -> str | None:
     try:
-        return _unstorable(_checks(table, names), rows)
+        return _unstorable(checks, rows)
     except TypeError as exc:  # a value of another type than its column's
         return f"a value of the wrong type: {exc}"
 
 
-def _unstorable(checks: _Checks, rows: list[tuple[Any, ...]]) -> str | None:
+def _unstorable(checks: _Checks, rows: Sequence[tuple[Any, ...]]) -> str | None:
     for row in rows:
         for i, name, length in checks.lengths:
             if (text := row[i]) is not None and len(text) > length:

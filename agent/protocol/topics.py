@@ -13,6 +13,7 @@ its own desired/commands plus fleet/trust (see docs/protocol.md for the Mosquitt
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -56,15 +57,18 @@ class Topics:
         """The control plane's subscription for one leaf of every device."""
         return f"{self.prefix}/devices/+/{leaf}"
 
+    @functools.cached_property
+    def _devices(self) -> str:
+        return f"{self.prefix}/devices/"
+
     def parse(self, topic: str) -> tuple[str, str] | None:
-        """(device_id, leaf) of a device topic under this prefix, else None."""
-        parts = topic.split("/")
-        head = self.prefix.split("/")
-        if (
-            parts[: len(head)] != head
-            or len(parts) != len(head) + 3
-            or parts[len(head)] != "devices"
-        ):
+        """(device_id, leaf) of a device topic under this prefix, else None. Runs for every
+        message the control plane receives: one prefix test and one split."""
+        start = self._devices
+        if not topic.startswith(start):
             return None
-        device_id, leaf = parts[len(head) + 1], parts[len(head) + 2]
+        parts = topic[len(start) :].split("/")
+        if len(parts) != 2:
+            return None
+        device_id, leaf = parts
         return (device_id, leaf) if valid_device_id(device_id) else None

@@ -217,6 +217,9 @@ def test_topics() -> None:
     assert (
         t.parse("acme/edge/devices/dev-1/x/y") is None and t.parse("other/devices/d/status") is None
     )
+    for foreign in ("acme/edgex/devices/d/status", "acme/devices/d/status", "acme/edge/fleet/trust",
+                    "acme/edge/devices//status", "acme/edge/devices/dev 1/status"):  # fmt: skip
+        assert t.parse(foreign) is None, foreign
     for bad in ("a/b", "+", "#", "", "x" * 200, "dev 1"):
         with pytest.raises(ValueError):
             t.status(bad)
