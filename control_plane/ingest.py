@@ -357,10 +357,8 @@ class Ingestor:
             batch = [await self._queue.get()]
             unacked = int(batch[0][2] is not None)
             # Telemetry waits longer for company than what a rollout waits on: a batch that
-            # spans more of the fleet's messages puts more rows on each index page it dirties
-            # (the index of device_telemetry by device scatters a batch over as many places as
-            # it has devices), so the log written per message shrinks; an event or status cuts
-            # the wait short.
+            # spans more of the fleet's messages costs fewer commits per message; an event or
+            # status cuts the wait short.
             started = time.monotonic()
             prompt = started + self.max_delay_s
             deadline = prompt if batch[0][0] != "telemetry" else started + self.telemetry_delay_s

@@ -75,13 +75,12 @@ class ControlPlaneSettings(BaseSettings):
     ingest_max_delay_s: float = Field(default=0.2, gt=0)
     """Longest a device event or status waits to be written with others."""
     ingest_telemetry_delay_s: float = Field(default=1.0, gt=0)
-    """Longest telemetry waits to be written with other telemetry. An index by device scatters a
-    batch over as many index pages as it has devices, so a longer batch puts more rows on each
-    page it dirties (measured when both telemetry tables had one; only device_telemetry has
-    since revision 0004): at 5,000 devices and 15,000 messages/s, 1 s batches held the control plane
-    at 0.39-0.46 of a core while the tables grew, where 0.2 s ones climbed from 0.57 to 0.86 (the
-    commits' log writes). An event or status in the batch cuts the wait to
-    ``ingest_max_delay_s``."""
+    """Longest telemetry waits to be written with other telemetry: fewer, larger commits. When
+    the telemetry tables were indexed by device (before revision 0004), a batch dirtied a page
+    per device in each index and a longer batch put more rows on each: at 5,000 devices and
+    15,000 messages/s, 1 s batches held the control plane at 0.39-0.46 of a core while the
+    tables grew, where 0.2 s ones climbed from 0.57 to 0.86. An event or status in the batch
+    cuts the wait to ``ingest_max_delay_s``."""
     mqtt_broker_inflight: int = Field(default=20, ge=1, le=65535)
     """Unacknowledged QoS 1 messages the broker sends the control plane at once: the Receive
     Maximum it asks for, and Mosquitto also holds it to its ``max_inflight_messages`` (20 by

@@ -23,13 +23,7 @@ from control_plane.api.deps import (
     services,
 )
 from control_plane.auth import Principal
-from control_plane.db.models import (
-    Device,
-    DeviceSample,
-    Rollout,
-    RolloutDevice,
-    TelemetrySample,
-)
+from control_plane.db.models import Device, Rollout, RolloutDevice, TelemetrySample
 from control_plane.errors import Invalid, NotFound
 from control_plane.rollouts import RolloutSpec
 
@@ -230,26 +224,22 @@ def windows(
     rollout's model version on its devices."""
     t = TelemetrySample
     query = select(t).where(t.time >= since)
-    model_of: Any = t.model
-    version_of: Any = t.version
     if device_id:
-        # through the device's messages (the one index by device), then each message's
-        # windows by their key: the telemetry table is indexed by time, not by device
-        d = DeviceSample
-        query = query.join(
-            d, (t.time == d.time) & (t.device_id == d.device_id) & (t.seq == d.seq)
-        ).where(d.device_id == device_id, d.time >= since)
-        # compared as expressions, so SQLite does not read the model's windows of every
-        # device through the (model, version, time) index instead
-        model_of, version_of = t.model.concat(""), t.version + 0
+        # a range of the time index, the device read from its entries (there is no index by
+        # device: see TelemetrySample)
+        query = query.where(t.device_id == device_id)
     if model:
-        query = query.where(model_of == model)
+        # with its version, the (model, version, time) index bounds the time too; without,
+        # it would read the model's windows of all time, so the model is compared as an
+        # expression SQLite does not look up in an index, and the time index is used
+        by_model: Any = t.model if version is not None else t.model.concat("")
+        query = query.where(by_model == model)
     if version is not None:
-        query = query.where(version_of == version)
+        query = query.where(t.version == version)
     if rollout is not None:
         query = query.where(
-            model_of == rollout.model,
-            version_of == rollout.version,
+            t.model == rollout.model,
+            t.version == rollout.version,
             t.device_id.in_(
                 select(RolloutDevice.device_id).where(RolloutDevice.rollout_id == rollout.id)
             ),
