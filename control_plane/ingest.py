@@ -161,10 +161,19 @@ SQLITE_DATETIME_FORMAT = (
 
 def _sqlite_datetime(general: Callable[[Any], Any], value: Any) -> Any:
     """SQLAlchemy's text form of a datetime in SQLite (its wall time, microseconds always),
-    through ``isoformat``: the general processor (a %-format of a dict) was a tenth of the
-    control plane's ingest time."""
-    if type(value) is datetime:  # its first 26 characters: the wall time, with no offset
-        return value.isoformat(" ", "microseconds")[:26]
+    from its fields: the general processor (a %-format of a dict) was a tenth of the control
+    plane's ingest time, and ``isoformat`` of an aware time asks its tzinfo for the offset
+    (pydantic's, a call out of C and back: 1.3 us against 0.75 here)."""
+    if type(value) is datetime:
+        return "%04d-%02d-%02d %02d:%02d:%02d.%06d" % (  # noqa: UP031 (the fastest form)
+            value.year,
+            value.month,
+            value.day,
+            value.hour,
+            value.minute,
+            value.second,
+            value.microsecond,
+        )
     return general(value)
 
 
