@@ -473,6 +473,7 @@ class Ingestor:
             devices.append(device_row)
             samples.extend(sample_rows)
         came_online: list[str] = []
+        started = time.perf_counter()
         async with self.sessions.begin() as session:
             if statuses:
                 came_online = await self._presence(session, statuses)
@@ -504,6 +505,8 @@ class Ingestor:
                     .values(last_seen=bindparam("seen")),
                     [{"device": d, "seen": w} for d, w in seen.items()],
                 )
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
+        self.metrics.batch_messages.observe(len(batch))
         self._seen_written |= seen
         self.stored += len(batch)
         self.metrics.ingested(per_version(samples), len(devices), len(events))

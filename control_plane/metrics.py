@@ -9,6 +9,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    Histogram,
     disable_created_metrics,
     generate_latest,
 )
@@ -65,6 +66,18 @@ class FleetMetrics:
         self.read_pauses = Counter(
             "edgefleet_mqtt_read_pauses",
             "Times reading device messages stopped while the ingest queue was full",
+            registry=r,
+        )
+        self.batch_seconds = Histogram(
+            "edgefleet_ingest_batch_seconds",
+            "Time to write one batch of device messages to the database (its transaction)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=r,
+        )
+        self.batch_messages = Histogram(
+            "edgefleet_ingest_batch_messages",
+            "Device messages per batch written",
+            buckets=(1, 10, 100, 1_000, 5_000, 10_000, 20_000, 50_000),
             registry=r,
         )
         self._online: dict[str, bool] = {}

@@ -48,6 +48,12 @@ def test_a_full_ingest_queue_pauses_reading_and_loses_nothing(
             )
             assert metric("edgefleet_telemetry_messages_total") == MESSAGES
             assert metric("edgefleet_mqtt_read_pauses_total") >= 1
+            # every batch is counted with its size and how long its write took
+            batches = metric("edgefleet_ingest_batch_messages_count")
+            assert metric("edgefleet_ingest_batch_messages_sum") == MESSAGES
+            assert batches >= MESSAGES / 5
+            assert metric("edgefleet_ingest_batch_seconds_count") == batches
+            assert metric("edgefleet_ingest_batch_seconds_sum") > 0
             assert cp.services.ingestor.queued == 0
             assert not cp.services.bus._conn or not cp.services.bus._conn.reading_paused
     finally:
