@@ -336,9 +336,7 @@ class Ingestor:
         if message is None:
             _call(ack)
             return
-        at = message.time
-        if at.utcoffset() or at.tzinfo is None:  # what agents send is in UTC already
-            at = _utc(at)
+        at = _utc(message.time)
         form = self._driver_time
         device, samples = telemetry_rows(message, at if form is None else form(at))
         # Checked here, one message at a time: a value the database refuses would otherwise
@@ -557,8 +555,11 @@ class Ingestor:
 
 def _utc(at: datetime) -> datetime:
     """``at`` in UTC (a device's naive time is taken as UTC), so times compare: SQLite keeps
-    a datetime's wall time and drops its offset."""
-    return at.astimezone(UTC) if at.tzinfo is not None else at.replace(tzinfo=UTC)
+    a datetime's wall time and drops its offset. A time in UTC already (what agents send) is
+    returned as it is: no new object per message."""
+    if at.tzinfo is None:
+        return at.replace(tzinfo=UTC)
+    return at.astimezone(UTC) if at.utcoffset() else at
 
 
 def _call(ack: Ack | None) -> None:

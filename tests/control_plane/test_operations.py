@@ -229,8 +229,8 @@ def test_a_devices_windows_are_a_range_of_the_time_index(db_url: str) -> None:
 
 
 def test_telemetry_keeps_its_rows_and_dedupes_across_the_key_migration(db_url: str) -> None:
-    """Revision 0004 moves the dedupe keys to (time, device, seq, ...): rows stored before it
-    stay, a redelivery of one of them is still refused, and a new message is taken."""
+    """Revisions 0004 and 0005 move the dedupe keys to (time, device, seq, ...): rows stored
+    before them stay, a redelivery of one of them is still refused, and a new one is taken."""
     engine = create_engine(sync_url(db_url))
     with engine.begin() as conn:
         command.upgrade(alembic_config(conn), "0003")
