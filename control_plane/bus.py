@@ -139,6 +139,7 @@ class FleetBus:
             # killed with a batch in memory gets it again): this many may await their
             # acknowledgement at once, and the ingest batch is written when it holds them.
             receive_maximum=s.mqtt_broker_inflight,
+            on_reused_id=self.ingestor.metrics.reused_packet_ids.inc,
         )
 
     async def _session(self, conn: mqttwire.Connection) -> None:

@@ -68,6 +68,12 @@ class FleetMetrics:
             "Times reading device messages stopped while the ingest queue was full",
             registry=r,
         )
+        self.reused_packet_ids = Counter(
+            "edgefleet_mqtt_reused_packet_ids",
+            "Device messages the broker sent under a packet id still awaiting our acknowledgement"
+            " (a broker fault; each is acknowledged once, see control_plane.mqttwire)",
+            registry=r,
+        )
         self.batch_seconds = Histogram(
             "edgefleet_ingest_batch_seconds",
             "Time to write one batch of device messages to the database (its transaction)",

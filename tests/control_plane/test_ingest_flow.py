@@ -48,6 +48,8 @@ def test_a_full_ingest_queue_pauses_reading_and_loses_nothing(
             )
             assert metric("edgefleet_telemetry_messages_total") == MESSAGES
             assert metric("edgefleet_mqtt_read_pauses_total") >= 1
+            # exported; 1,500 messages are far from the 65,535 packet ids a broker can reuse
+            assert metric("edgefleet_mqtt_reused_packet_ids_total") == 0
             # every batch is counted with its size and how long its write took
             batches = metric("edgefleet_ingest_batch_messages_count")
             assert metric("edgefleet_ingest_batch_messages_sum") == MESSAGES

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import signal
@@ -638,3 +639,93 @@ def test_an_on_message_that_raises_closes_the_connection() -> None:
         return conn
 
     assert "on_message raised ValueError('consumer bug')" in (run(scenario()).close_reason or "")
+
+
+# -- a broker that reuses packet ids ---------------------------------------------------------
+
+REUSE_CONFIG = (
+    "allow_anonymous true\npersistence false\nmax_inflight_messages 40000\n"
+    "max_queued_messages 1000000\nsys_interval 1\n"
+)
+
+
+def test_packet_ids_the_broker_reuses_are_each_acknowledged_and_leave_it_nothing_held(
+    tmp_path: Path,
+) -> None:
+    """Mosquitto numbers a message as it queues it, and its ids wrap at 65,535: with 40,000
+    in flight unacknowledged and 30,000 more queued, its in-flight list takes the queue when
+    the first one is acknowledged, and messages come with ids still awaiting a PUBACK. Each
+    message gets its own PUBACK: afterwards the broker holds none of them (one PUBACK per id
+    left the older message in its in-flight list for good, walked on every PUBACK after, and
+    this test waiting for it until its timeout)."""
+    broker = Mosquitto(tmp_path / "broker", extra_config=REUSE_CONFIG).start()
+    total = 70_000
+
+    async def scenario() -> tuple[int, int, int, int]:
+        inbox = Inbox(ack=False)
+        conn = await connect(HOST, broker.port, "cp-reuse", inbox, receive_maximum=40_000)
+        await conn.subscribe([("reuse/x", 1)])
+        held: list[int] = []  # the broker's count of messages it stores, every second
+        watcher = await connect(
+            HOST, broker.port, "cp-watch", lambda topic, payload, ack: held.append(int(payload))
+        )
+        await watcher.subscribe([("$SYS/broker/store/messages/count", 0)])
+        while not held:
+            await asyncio.sleep(0.1)
+        before = held[-1]  # its own retained $SYS messages
+        publisher = await connect(HOST, broker.port, "publisher", Inbox())
+        for start in range(0, total, 2000):
+            await asyncio.gather(
+                *(publisher.publish("reuse/x", b"%d" % i) for i in range(start, start + 2000))
+            )
+        await close_and_wait(publisher)
+        await inbox.until(40_000, 30)  # the broker's in-flight limit: the rest is queued
+        assert len(inbox.messages) == 40_000
+        inbox.acks[0]()  # type: ignore[misc]
+        await inbox.until(total, 30)
+        for ack in inbox.acks[1:]:
+            ack()  # type: ignore[misc]
+        # every message acknowledged: the broker lets go of all of them, keeping only its own
+        # $SYS messages (a few dozen, more than before as it publishes more of them)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(30):
+                while held[-1] > before + 100:
+                    await asyncio.sleep(0.2)
+        reused = conn.reused_ids
+        await close_and_wait(conn)
+        await close_and_wait(watcher)
+        return len(inbox.messages), len(set(inbox.payloads)), held[-1] - before, reused
+
+    try:
+        received, distinct, still_held, reused = run(scenario(), timeout_s=120)
+    finally:
+        broker.stop(kill=True)
+    assert received == distinct == total
+    assert still_held <= 100
+    if not reused:
+        pytest.skip("this Mosquitto sent no packet id twice")
+
+
+def test_a_reused_packet_id_gets_one_acknowledgement_per_message() -> None:
+    async def scenario() -> tuple[list[bytes], int, int]:
+        inbox = Inbox(ack=False)
+        counted: list[None] = []
+        conn = Connection(inbox, lambda: counted.append(None))
+        transport = FakeTransport(conn)
+        conn.data_received(CONNACK_OK)
+        conn.data_received(publish(b"a", b"1", 7) + publish(b"a", b"2", 7) + publish(b"a", b"3", 7))
+        first, second, third = inbox.acks
+        assert first and second and third
+        second()  # out of order: the broker takes each PUBACK for its oldest message
+        first()
+        first()  # each counts once
+        await asyncio.sleep(0)
+        writes = list(transport.writes)
+        third()
+        third()
+        await asyncio.sleep(0)
+        return [*writes, *transport.writes[len(writes) :]], conn.reused_ids, len(counted)
+
+    writes, reused, counted = run(scenario())
+    assert writes == [b"\x40\x02\x00\x07" * 2, b"\x40\x02\x00\x07"]
+    assert reused == counted == 2
