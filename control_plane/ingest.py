@@ -720,8 +720,8 @@ def unstorable(table: Any, rows: list[dict[str, Any]]) -> str | None:
 
 
 def unstorable_rows(table: Any, names: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str | None:
-    """:func:`unstorable` for rows given as tuples of the columns ``names``. Runs for every
-    message ingested: the checks are by position, prepared once per row shape."""
+    """:func:`unstorable` for rows given as tuples of the columns ``names``: the checks are by
+    position, prepared once per row shape (ingest keeps its own, see ``Ingestor.telemetry``)."""
     return _checked(_checks(table, names), rows)
 
 
