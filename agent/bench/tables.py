@@ -26,11 +26,14 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
     for size in fleet.get("sizes", []):
         n = f"{size['devices']:,}"
         if "stopped" in size:
-            rows.append([n, f"stopped: {size['stopped']}", *["-"] * 6])
+            rows.append([n, f"stopped: {size['stopped']}", *["-"] * 7])
             continue
         s, ingest = size.get("summary", {}), size.get("ingest") or {}
         sweep = ingest.get("sweep") or {}
         cpu, rss = _phase_usage(size, "idle")
+        drift = " / ".join(
+            num(ingest.get(key), 0) for key in ("bare_before_per_s", "bare_after_per_s")
+        )
         rows.append(
             [
                 n,
@@ -38,6 +41,7 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
                 num(s.get("rollback_99pct_reverted_s"), 1),
                 num(sweep.get("max_lossless_per_s"), 0),
                 num(ingest.get("bare_delivered_per_s"), 0),
+                drift,
                 num(ingest.get("ratio_to_bare"), 2),
                 cpu,
                 rss,
@@ -49,6 +53,7 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
         "rollback to 99 % s",
         "ingest lossless msg/s",
         "bare subscriber msg/s",
+        "bare before / after the sweep",
         "ratio",
         "CP cores (idle)",
         "CP RSS MB (idle)",
@@ -59,7 +64,9 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
         "",
         "Simulated devices speak the real protocol (birth, telemetry, signed manifests verified "
         "against the trust root, update states through committed, rollback commands) against a "
-        "real Mosquitto and the real control plane (SQLite). "
+        "real Mosquitto and the real control plane (SQLite). The bare subscriber's rate is "
+        "measured before the ingest sweep and again after it; the ratio is to the median of "
+        "both sets. "
         f"Simulator client: {settings.get('simulator_client', '-')}. "
         f"Command: `{fleet.get('command', '-')}`.",
         "",

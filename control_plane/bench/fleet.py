@@ -4,9 +4,10 @@
 
 For each fleet size: a fresh Mosquitto, a fresh control plane (SQLite in a scratch
 directory) and the simulator; ``--repeat`` single-wave rollouts each followed by an abort
-(fleet-wide rollback); the bare subscriber's rate; then an ingest sweep. Every figure is kept,
-with its median. The JSON file is rewritten after each fleet size, so a run stopped part way
-keeps what it measured; a size that fails records why and the driver goes on to the next.
+(fleet-wide rollback); the bare subscriber's rate, an ingest sweep, and the bare rate again.
+Every figure is kept, with its median. The JSON file is rewritten after each fleet size, so a
+run stopped part way keeps what it measured; a size that fails records why and the driver goes
+on to the next.
 """
 
 from __future__ import annotations
@@ -112,23 +113,33 @@ def run_size(
 
 
 def ingest(fleet: Fleet, n: int, args: argparse.Namespace) -> dict[str, Any]:
-    """The bare subscriber's rate (median of ``--repeat``), then the control plane's sweep up
-    to it; the figure is the highest lossless step as a share of the bare rate."""
-    bare = [phases.bare_rate(fleet, args.ingest_step_s) for _ in range(args.repeat)]
-    bare_per_s = _median([b["delivered_per_s"] for b in bare]) or 0.0
-    print(f"  N={n} bare subscriber: {bare_per_s:.0f} msg/s", flush=True)
+    """The bare subscriber's rate, ``--repeat`` times before the control plane's sweep and as
+    many after it, so a machine that speeds up or slows down during the sweep moves both
+    sides of the ratio; the figure is the highest lossless step as a share of the median of
+    all of them (the sweep's ceiling is the median of those before)."""
+    before = [phases.bare_rate(fleet, args.ingest_step_s) for _ in range(args.repeat)]
+    ceiling = _median([b["delivered_per_s"] for b in before]) or 0.0
+    print(f"  N={n} bare subscriber before: {ceiling:.0f} msg/s", flush=True)
     sweep = phases.ingest_sweep(
         fleet,
         args.ingest_start_per_s,
         args.ingest_factor,
-        bare_per_s,
+        ceiling,
         args.ingest_step_s,
         args.ingest_refine,
     )
+    after = [phases.bare_rate(fleet, args.ingest_step_s) for _ in range(args.repeat)]
+    after_per_s = _median([b["delivered_per_s"] for b in after])
+    bare_per_s = _median([b["delivered_per_s"] for b in before + after]) or 0.0
     best = sweep["max_lossless_per_s"]
-    print(f"  N={n} ingest: {best} msg/s lossless of {bare_per_s:.0f}", flush=True)
+    print(
+        f"  N={n} ingest: {best} msg/s lossless of {bare_per_s:.0f} (bare after: {after_per_s})",
+        flush=True,
+    )
     return {
-        "bare": bare,
+        "bare": before + after,
+        "bare_before_per_s": ceiling,
+        "bare_after_per_s": after_per_s,
         "bare_delivered_per_s": bare_per_s,
         "sweep": sweep,
         "ratio_to_bare": round(best / bare_per_s, 3) if best and bare_per_s else None,

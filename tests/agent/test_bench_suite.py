@@ -137,3 +137,23 @@ def test_a_model_config_reaches_both_agents_and_raw_runs_sessions_side_by_side(
         assert config["batching"]["max_batch_size"] == (32 if batching else 0)
     model_file = example_repo / "mlp" / "1" / "model.onnx"
     assert raw_throughput(model_file, bodies.row, 4, 0.2, instances=2) > 0
+
+
+def test_fleet_table_shows_the_bare_rate_before_and_after_the_sweep() -> None:
+    """The ratio is to the median of the bare rates on both sides of the sweep; the table
+    shows each side, so a machine that changed speed during the sweep shows."""
+    from agent.bench.tables import fleet_section
+
+    size = {
+        "devices": 5000,
+        "summary": {"rollout_99pct_committed_s": 9.4, "rollback_99pct_reverted_s": 6.2},
+        "ingest": {
+            "bare_before_per_s": 39530.0,
+            "bare_after_per_s": 30100.0,
+            "bare_delivered_per_s": 34000.0,
+            "sweep": {"max_lossless_per_s": 17690.0},
+            "ratio_to_bare": 0.52,
+        },
+    }
+    text = "\n".join(fleet_section({"sizes": [size], "command": "fleet"}))
+    assert "| 5,000 | 9.4 | 6.2 | 17,690 | 34,000 | 39,530 / 30,100 | 0.52 |" in text
