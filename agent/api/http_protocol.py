@@ -234,6 +234,10 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().on_response_complete()
 
     def on_message_begin(self) -> None:
+        # A request began: the connection is not idle. uvicorn disarms the idle timer only at
+        # the start of a read, and the end of a refused request's skipped body arms it: a request
+        # in the same read as that end kept it armed and was cut off after keep_alive_s.
+        self._unset_keepalive_if_required()
         super().on_message_begin()
         self.scope[CONNECTION_KEY] = self._connection  # type: ignore[literal-required]
         self._head_bytes = 0
