@@ -1,0 +1,249 @@
+"""The msgspec mirror of a wire model (control_plane/fastdecode.py) against the model itself:
+whatever the mirror accepts, the model accepts with the same values (a time finer than a
+microsecond is rounded where the model truncates it: at most 1 us apart), so decoding with the
+mirror first changes what ingest stores in no other case; what it refuses, the model decides."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agent.protocol.messages import DeviceStatus, Telemetry, UpdateEvent
+from control_plane.fastdecode import FastDecoder, mirror
+
+DECODER = FastDecoder(Telemetry)
+GOOD: dict[str, Any] = {
+    "schema_version": 1,
+    "device_id": "dev-1",
+    "seq": 12,
+    "time": "2026-12-04T04:24:18.827846Z",
+    "window_s": 10.0,
+    "models": [
+        {
+            "model": "mlp",
+            "version": 2,
+            "requests": 120,
+            "errors": 0,
+            "rows": 120,
+            "batches": 40,
+            "p50_ms": 1.2,
+            "p99_ms": None,
+            "queue_depth": 3,
+        }
+    ],
+    "device": {"cpu_percent": 12.5, "memory_used_bytes": 2**40, "accelerators": {"gpu": 0.5}},
+    "dropped": 0,
+}
+
+# Values that probe where JSON decoders differ: coercions, bounds, odd times and numbers.
+ODD_VALUES: list[Any] = [
+    None,
+    True,
+    0,
+    -1,
+    1,
+    2**63,
+    2**64 + 1,
+    -(2**63) - 1,
+    1.0,
+    1.5,
+    1e400,
+    -0.0,
+    "",
+    "12",
+    "1.5",
+    "true",
+    "\ud800",
+    "x\x00y",
+    "2026-12-04T04:24:18Z",
+    "2026-12-04T04:24:18+02:00",
+    "2026-12-04T04:24:18",
+    "2026-12-04 04:24:18Z",
+    "2026-12-04t04:24:18z",
+    "2026-12-04T04:24:18.1234567891Z",
+    "2026-12-04T04:24:60Z",
+    "2026-12-04T24:00:00Z",
+    "2026-12-04",
+    "2026-12-04T04:24Z",
+    "20261204T042418Z",
+    1764822258,
+    [],
+    {},
+    {"model": "x"},
+    "2026-12-04T04:24:18.9999996Z",
+]
+ODD = st.sampled_from(ODD_VALUES)
+PATHS = [
+    ("schema_version",),
+    ("device_id",),
+    ("seq",),
+    ("time",),
+    ("window_s",),
+    ("dropped",),
+    ("models",),
+    ("models", 0, "version"),
+    ("models", 0, "requests"),
+    ("models", 0, "p50_ms"),
+    ("models", 0, "model"),
+    ("device",),
+    ("device", "cpu_percent"),
+    ("device", "memory_used_bytes"),
+    ("device", "accelerators"),
+    ("device", "accelerators", "gpu"),
+    ("extra",),
+    ("models", 0, "extra"),
+]
+
+
+def _put(doc: Any, path: tuple[Any, ...], value: Any) -> None:
+    for key in path[:-1]:
+        doc = doc[key]
+    doc[path[-1]] = value
+
+
+def _builtins(value: Any) -> Any:
+    """A decoded message as plain data (datetimes as instants with their offset)."""
+    if isinstance(value, BaseModel | msgspec.Struct):
+        names = (
+            type(value).model_fields if isinstance(value, BaseModel) else value.__struct_fields__
+        )
+        return {n: _builtins(getattr(value, n)) for n in names}
+    if isinstance(value, list):
+        return [_builtins(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _builtins(v) for k, v in value.items()}
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, float) and value != value:
+        return "nan"
+    return (type(value), value)
+
+
+def _same_outcome(raw: bytes) -> None:
+    fast = DECODER.decode(raw)
+    if fast is None:
+        return  # the model decides, as it did before the mirror
+    model = Telemetry.model_validate_json(raw)  # raises if the mirror accepted too much
+    _assert_same(_builtins(fast), _builtins(model))
+
+
+def _assert_same(fast: Any, model: Any) -> None:
+    if isinstance(fast, datetime):
+        assert isinstance(model, datetime) and fast.utcoffset() == model.utcoffset()
+        assert abs(fast - model) <= timedelta(microseconds=1)
+    elif isinstance(fast, dict):
+        assert isinstance(model, dict) and fast.keys() == model.keys()
+        for key, value in fast.items():
+            _assert_same(value, model[key])
+    elif isinstance(fast, list):
+        assert isinstance(model, list) and len(fast) == len(model)
+        for a, b in zip(fast, model, strict=True):
+            _assert_same(a, b)
+    else:
+        assert fast == model
+
+
+def test_every_single_odd_value_decodes_as_the_model_decodes_it() -> None:
+    for path in PATHS:
+        for value in ODD_VALUES:
+            doc = json.loads(json.dumps(GOOD))
+            _put(doc, path, copy.deepcopy(value))
+            _same_outcome(json.dumps(doc).encode())
+
+
+def test_a_time_finer_than_a_microsecond_is_rounded_to_it() -> None:
+    raw = json.dumps(dict(GOOD, time="2026-12-04T04:24:18.9999996Z")).encode()
+    fast = DECODER.decode(raw)
+    assert fast is not None and fast.time == datetime(2026, 12, 4, 4, 24, 19, tzinfo=UTC)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(PATHS), ODD), max_size=3))
+def test_what_the_mirror_accepts_the_model_accepts_with_the_same_values(
+    changes: list[tuple[tuple[Any, ...], Any]],
+) -> None:
+    doc = json.loads(json.dumps(GOOD))
+    for path, value in changes:
+        try:
+            _put(doc, path, copy.deepcopy(value))
+        except (KeyError, IndexError, TypeError):
+            continue  # the path no longer exists after an earlier change
+    _same_outcome(json.dumps(doc).encode())
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        json.dumps(GOOD).encode(),
+        b'{"schema_version":1,"device_id":"d","seq":1,"seq":0,"time":"2026-12-04T04:24:18Z",'
+        b'"window_s":1}',
+        b'{"schema_version":1,"device_id":"d","seq":0,"seq":1,"time":"2026-12-04T04:24:18Z",'
+        b'"window_s":1}',
+        b'{"schema_version":1,"device_id":"\\ud800","seq":1,"time":"2026-12-04T04:24:18Z",'
+        b'"window_s":1}',
+        b'{"schema_version":1,"device_id":"d","seq":1,"time":"2026-12-04T04:24:18Z",'
+        b'"window_s":NaN}',
+        b'{"schema_version":1,"device_id":"d","seq":1,"time":"2026-12-04T04:24:18Z",'
+        b'"window_s":1} trailing',
+        b"\xff\xfe",
+        b"",
+    ],
+    ids=[
+        "good",
+        "duplicate key last bad",
+        "duplicate key last good",
+        "lone surrogate",
+        "NaN",
+        "trailing bytes",
+        "not utf-8",
+        "empty",
+    ],
+)
+def test_edge_payloads_decode_as_the_model_decodes_them(raw: bytes) -> None:
+    _same_outcome(raw)
+
+
+def test_the_mirror_accepts_what_agents_send() -> None:
+    raw = json.dumps(GOOD).encode()
+    fast = DECODER.decode(raw)
+    assert fast is not None
+    assert fast.models[0].queue_depth == 3 and fast.device.memory_used_bytes == 2**40
+    assert _builtins(fast) == _builtins(Telemetry.model_validate_json(raw))
+
+
+def test_what_the_model_coerces_the_mirror_leaves_to_it() -> None:
+    doc = dict(GOOD, seq="12")
+    raw = json.dumps(doc).encode()
+    assert DECODER.decode(raw) is None
+    assert Telemetry.model_validate_json(raw).seq == 12
+
+
+@pytest.mark.parametrize("model", [Telemetry, DeviceStatus, UpdateEvent])
+def test_the_mirror_has_the_models_fields(model: type[BaseModel]) -> None:
+    assert mirror(model).__struct_fields__ == tuple(model.model_fields)
+
+
+def test_a_model_the_mirror_cannot_follow_is_refused_when_built() -> None:
+    class Checked(BaseModel):
+        name: str
+
+        @field_validator("name")
+        @classmethod
+        def _lower(cls, value: str) -> str:
+            return value.lower()
+
+    class Aliased(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        name: str = Field(alias="Name")
+
+    for model in (Checked, Aliased):
+        with pytest.raises(TypeError, match="cannot be mirrored"):
+            mirror(model)
