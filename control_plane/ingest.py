@@ -12,6 +12,7 @@ import asyncio
 import functools
 import logging
 import math
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -27,10 +28,16 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from agent.protocol.messages import DeviceStatus, Telemetry, UpdateEvent
+from agent.protocol.messages import (
+    DeviceStatus,
+    DeviceTelemetry,
+    ModelTelemetry,
+    Telemetry,
+    UpdateEvent,
+)
 from control_plane.db.models import Device, DeviceSample, TelemetrySample, UpdateEventRecord
 from control_plane.db.session import database_unavailable
-from control_plane.fastdecode import FastDecoder
+from control_plane.fastdecode import Bounds, FastDecoder, tighten
 from control_plane.metrics import FleetMetrics, VersionSums
 
 log = logging.getLogger("edgefleet.control_plane.ingest")
@@ -260,7 +267,7 @@ class Ingestor:
         """Telemetry times are put in the driver's form as messages arrive, once each."""
         self._device_checks = _checks(DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS)
         self._sample_checks = _checks(TelemetrySample.__table__, SAMPLE_COLUMNS)
-        self._fast_telemetry = FastDecoder(Telemetry)
+        self._fast_telemetry = FastDecoder(Telemetry, storable_bounds())
 
     # -- entry points (called by the MQTT adapter) ----------------------------------------
 
@@ -335,9 +342,15 @@ class Ingestor:
 
     def telemetry(self, device_id: str, payload: bytes, ack: Ack | None = None) -> None:
         message = self._fast_telemetry.decode(payload)
-        if message is None or message.device_id != device_id:
-            # the model decides (and names why it refuses) what its fast mirror did not take
-            message = self._parse("telemetry", Telemetry, device_id, payload)
+        if message is not None and message.device_id == device_id:
+            # within what the tables store (storable_bounds): its rows need no checks
+            at = _utc(message.time)
+            form = self._driver_time
+            device, samples = telemetry_rows(message, at if form is None else form(at))
+            self._enqueue("telemetry", device_id, ("telemetry", (device, samples, at), ack))
+            return
+        # The model decides what the fast decoder did not take, and names why it refuses.
+        message = self._parse("telemetry", Telemetry, device_id, payload)
         if message is None:
             _call(ack)
             return
@@ -712,6 +725,35 @@ def _checks(table: Any, names: tuple[str, ...]) -> _Checks:
         elif isinstance(kind, Float):
             floats.append((i, name))
     return _Checks(tuple(lengths), tuple(bounds), tuple(floats))
+
+
+TELEMETRY_TABLES: tuple[tuple[type[BaseModel], Any, tuple[str, ...]], ...] = (
+    (Telemetry, DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS),
+    (DeviceTelemetry, DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS),
+    (Telemetry, TelemetrySample.__table__, SAMPLE_COLUMNS),
+    (ModelTelemetry, TelemetrySample.__table__, SAMPLE_COLUMNS),
+)
+"""Which message's fields fill which table's columns, by name (see :func:`telemetry_rows`)."""
+
+
+def storable_bounds() -> Bounds:
+    """What the telemetry tables store, as limits on the fields of a telemetry message, for its
+    fast decoder: the checks of :func:`unstorable_rows` (string lengths, integer bounds, counts
+    not negative, floats finite), so a message within them needs none."""
+    out: dict[type[BaseModel], dict[str, dict[str, Any]]] = {}
+    for model, table, columns in TELEMETRY_TABLES:
+        for name in (c for c in columns if c in model.model_fields):
+            kind = table.c[name].type
+            limits = out.setdefault(model, {}).setdefault(name, {})
+            if isinstance(kind, String) and kind.length is not None:
+                tighten(limits, "max_length", kind.length)
+            elif (bound := INT_BOUNDS.get(type(kind))) is not None:
+                tighten(limits, "ge", 0 if name in COUNTS else -bound)
+                tighten(limits, "le", bound - 1)  # (msgspec takes no bound past an int64)
+            elif isinstance(kind, Float):
+                tighten(limits, "ge", -sys.float_info.max)
+                tighten(limits, "le", sys.float_info.max)
+    return out
 
 
 def unstorable(table: Any, rows: list[dict[str, Any]]) -> str | None:

@@ -16,8 +16,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agent.protocol.messages import DeviceStatus, Telemetry, UpdateEvent
+from agent.protocol.messages import (
+    DeviceStatus,
+    DeviceTelemetry,
+    ModelTelemetry,
+    Telemetry,
+    UpdateEvent,
+)
+from control_plane.db.models import DeviceSample, TelemetrySample
 from control_plane.fastdecode import FastDecoder, mirror
+from control_plane.ingest import (
+    DEVICE_SAMPLE_COLUMNS,
+    SAMPLE_COLUMNS,
+    TELEMETRY_TABLES,
+    storable_bounds,
+    telemetry_rows,
+    unstorable_rows,
+)
 
 DECODER = FastDecoder(Telemetry)
 GOOD: dict[str, Any] = {
@@ -247,3 +262,86 @@ def test_a_model_the_mirror_cannot_follow_is_refused_when_built() -> None:
     for model in (Checked, Aliased):
         with pytest.raises(TypeError, match="cannot be mirrored"):
             mirror(model)
+
+
+# -- with the telemetry tables' bounds (control_plane.ingest.storable_bounds) ---------------
+
+STORABLE = FastDecoder(Telemetry, storable_bounds())
+EDGES: list[Any] = [
+    2**31 - 1,
+    2**31,
+    -(2**31),
+    -(2**31) - 1,
+    2**63 - 1,
+    2**63,
+    -(2**63),
+    -1,
+    0,
+    1.7976931348623157e308,
+    "m" * 128,
+    "m" * 129,
+    None,
+]
+TABLE_PATHS = [p for p in PATHS if p[-1] not in ("extra", "models", "device", "accelerators")]
+TABLE_PATHS += [("models", 0, "errors"), ("models", 0, "queue_depth"), ("device", "temperature_c")]
+
+
+def test_what_passes_the_tables_bounds_is_stored_unchecked_as_the_checks_would_store_it() -> None:
+    """Ingest stores what the bounded decoder accepts without the per-row checks: it accepts
+    nothing those would refuse, and what it refuses is decided by the model and the checks."""
+    accepted = refused = 0
+    for path in TABLE_PATHS:
+        for value in EDGES + ODD_VALUES:
+            doc = json.loads(json.dumps(GOOD))
+            _put(doc, path, copy.deepcopy(value))
+            raw = json.dumps(doc).encode()
+            fast = STORABLE.decode(raw)
+            if fast is None:
+                refused += 1
+                continue
+            accepted += 1
+            _assert_same(_builtins(fast), _builtins(Telemetry.model_validate_json(raw)))
+            device, samples = telemetry_rows(fast, "2026-12-04 04:24:18.827846")
+            assert unstorable_rows(DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS, [device]) is None
+            assert unstorable_rows(TelemetrySample.__table__, SAMPLE_COLUMNS, samples) is None
+    assert accepted and refused  # both sides of the bounds were reached
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("seq",), 0),  # the model's own bound (ge=1), kept with the table's (ge=0)
+        (("seq",), 2**63),
+        (("models", 0, "requests"), -1),
+        (("models", 0, "version"), 2**31),
+        (("models", 0, "model"), "m" * 129),
+        (("device", "memory_used_bytes"), 2**63),
+        (("window_s",), 1e400),
+        (("models", 0, "p99_ms"), -1e400),
+    ],
+    ids=str,
+)
+def test_the_tables_bounds_refuse_what_the_checks_refuse(path: tuple[Any, ...], value: Any) -> None:
+    doc = json.loads(json.dumps(GOOD))
+    _put(doc, path, value)
+    assert STORABLE.decode(json.dumps(doc).encode()) is None
+    assert STORABLE.decode(json.dumps(GOOD).encode()) is not None
+
+
+def test_each_field_fills_the_column_of_its_name() -> None:
+    """storable_bounds reads a field's limits from the column of the same name: the rows must
+    put it there."""
+    fast = STORABLE.decode(json.dumps(GOOD).encode())
+    assert fast is not None
+    device, samples = telemetry_rows(fast, "then")
+    rows = [(DEVICE_SAMPLE_COLUMNS, device), (SAMPLE_COLUMNS, samples[0])]
+    sources = [(Telemetry, fast), (DeviceTelemetry, fast.device), (ModelTelemetry, fast.models[0])]
+    checked = 0
+    for model, _, columns in TELEMETRY_TABLES:
+        row = next(r for names, r in rows if names == columns)
+        source = next(s for m, s in sources if m is model)
+        for name in columns:
+            if name in model.model_fields and name != "time":
+                assert row[columns.index(name)] == getattr(source, name), name
+                checked += 1
+    assert checked >= 15
