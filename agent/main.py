@@ -140,8 +140,11 @@ def server_config(settings: AgentSettings, state: ApiState) -> uvicorn.Config:
         lifespan="on",
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=int(settings.shutdown_grace_s) or None,
-        timeout_keep_alive=int(settings.keep_alive_s),
+        # uvicorn types both as int but hands them to call_later and asyncio.timeout, which
+        # take seconds as floats: int() made a keep-alive under 1 s 0 (every connection closed
+        # after its first response) and a grace under 1 s no limit at all
+        timeout_graceful_shutdown=settings.shutdown_grace_s,  # type: ignore[arg-type]
+        timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
         server_header=False,
     )
 

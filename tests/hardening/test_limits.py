@@ -252,3 +252,19 @@ def pending(agent: RunningAgent) -> float:
         if line.startswith("edgefleet_pending_requests{") and 'model="mlp"' in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def test_a_keep_alive_under_a_second_holds_the_connection_that_long(
+    example_repo: Path, tmp_path: Path
+) -> None:
+    """``keep_alive_s`` is a float: it once reached uvicorn as a whole number of seconds, and
+    anything under 1 s as 0, which closed every connection right after its first response."""
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    with serve(repo, keep_alive_s=0.4) as agent, connect(agent.url) as sock:
+        sock.sendall(head("GET", "/v2/health/live"))
+        assert read_response(sock).status == 200
+        sock.sendall(head("GET", "/v2/health/live"))  # at once: within the 0.4 s
+        assert read_response(sock).status == 200
+        idle_from = time.monotonic()
+        assert closed_by_peer(sock)  # then closed once idle that long
+        assert time.monotonic() - idle_from >= 0.3
