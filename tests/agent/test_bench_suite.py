@@ -129,8 +129,8 @@ def test_bench_command_renders_saved_results(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     text = (out / "benchmarks.md").read_text()
     assert (
-        "| mlp, JSON V2, c=32: agent / plain FastAPI | >= 2 x | 3.00 x (300 vs 100 req/s) | met |"
-        in text
+        "| mlp, JSON V2, c=32: agent / plain FastAPI | >= 2 x | 3.00 x (within repetitions 3.00; "
+        "medians 300 vs 100 req/s, 3.00 x) | met |" in text
     )
 
 
