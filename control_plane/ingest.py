@@ -341,16 +341,11 @@ class Ingestor:
         self._enqueue("status", device_id, ("status", status, ack))
 
     def telemetry(self, device_id: str, payload: bytes, ack: Ack | None = None) -> None:
-        message = self._fast_telemetry.decode(payload)
-        if message is not None and message.device_id == device_id:
-            # within what the tables store (storable_bounds): its rows need no checks
-            at = _utc(message.time)
-            form = self._driver_time
-            device, samples = telemetry_rows(message, at if form is None else form(at))
-            self._enqueue("telemetry", device_id, ("telemetry", (device, samples, at), ack))
-            return
-        # The model decides what the fast decoder did not take, and names why it refuses.
-        message = self._parse("telemetry", Telemetry, device_id, payload)
+        fast = self._fast_telemetry.decode(payload)
+        # What the fast decoder took is within what the tables store (storable_bounds); the
+        # model decides the rest, names why it refuses, and its rows are checked.
+        checked = fast is None or fast.device_id != device_id
+        message = self._parse("telemetry", Telemetry, device_id, payload) if checked else fast
         if message is None:
             _call(ack)
             return
@@ -359,8 +354,10 @@ class Ingestor:
         device, samples = telemetry_rows(message, at if form is None else form(at))
         # Checked here, one message at a time: a value the database refuses would otherwise
         # fail the whole batch, and with it other devices' telemetry.
-        why = _checked(self._device_checks, (device,)) or _checked(self._sample_checks, samples)
-        if why:
+        if checked and (
+            why := _checked(self._device_checks, (device,))
+            or _checked(self._sample_checks, samples)
+        ):
             self.reject("telemetry", "out_of_range", device_id, why)
             _call(ack)
         else:
@@ -742,17 +739,18 @@ def storable_bounds() -> Bounds:
     not negative, floats finite), so a message within them needs none."""
     out: dict[type[BaseModel], dict[str, dict[str, Any]]] = {}
     for model, table, columns in TELEMETRY_TABLES:
-        for name in (c for c in columns if c in model.model_fields):
-            kind = table.c[name].type
-            limits = out.setdefault(model, {}).setdefault(name, {})
-            if isinstance(kind, String) and kind.length is not None:
-                tighten(limits, "max_length", kind.length)
-            elif (bound := INT_BOUNDS.get(type(kind))) is not None:
-                tighten(limits, "ge", 0 if name in COUNTS else -bound)
-                tighten(limits, "le", bound - 1)  # (msgspec takes no bound past an int64)
-            elif isinstance(kind, Float):
-                tighten(limits, "ge", -sys.float_info.max)
-                tighten(limits, "le", sys.float_info.max)
+        checks = _checks(table, columns)
+        limits: list[tuple[str, str, Any]] = [
+            ("max_length", n, size) for _, n, size in checks.lengths
+        ]
+        for _, name, bound, _, count in checks.bounds:
+            # (msgspec takes no bound past an int64: le, not lt)
+            limits += [("ge", name, 0 if count else -bound), ("le", name, bound - 1)]
+        for _, name in checks.floats:
+            limits += [("ge", name, -sys.float_info.max), ("le", name, sys.float_info.max)]
+        for key, name, value in limits:
+            if name in model.model_fields:
+                tighten(out.setdefault(model, {}).setdefault(name, {}), key, value)
     return out
 
 
