@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agent.errors import DeadlineExceededError, OverloadedError, ShuttingDownError
+from agent.inference.priority import lower_this_thread
 from agent.model_config import BatchingConfig
 from runtimes.base import Runtime
 from runtimes.errors import InferenceFailedError, RuntimeFailure
@@ -96,14 +97,22 @@ class Batcher:
         *,
         batched: bool,
         observer: BatchObserver | None = None,
+        nice_offset: int = 0,
     ) -> None:
+        """``nice_offset``: the instances' threads run that many nice steps below the event
+        loop (:mod:`agent.inference.priority`)."""
         self.name = name
         self.config = config
         self.batched = batched and config.max_batch_size > 0
         self.max_rows = config.max_batch_size if self.batched else 1
         self._runtimes = list(runtimes)
         self._executors = [
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-{i}")
+            ThreadPoolExecutor(
+                max_workers=1,
+                thread_name_prefix=f"{name}-{i}",
+                initializer=lower_this_thread,
+                initargs=(nice_offset,),
+            )
             for i in range(len(self._runtimes))
         ]
         self._observer = observer

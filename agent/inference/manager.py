@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from agent.errors import LoadError, MemoryBudgetError, ModelNotFoundError, ModelNotReadyError
 from agent.inference.batcher import Batcher, BatchObserver
+from agent.inference.priority import run_lowered
 from agent.inference.stats import VersionStats
 from agent.inference.versions import (
     LoadedVersion,
@@ -31,6 +32,7 @@ from agent.inference.versions import (
 )
 from agent.model_config import ModelConfig, ModelConfigError, load_model_config, version_dirs
 from runtimes.backends import open_model
+from runtimes.base import Runtime
 from runtimes.errors import RuntimeFailure
 from runtimes.formats import find_model_file
 from runtimes.hardware.context import HardwareContext
@@ -214,21 +216,29 @@ class ModelManager:
             plan = self.hardware.plan(entry.name, fmt, config.placement)
             await self._make_room(entry.name, estimate_memory_bytes(version_dir, config), name)
             started = time.monotonic()
-            runtimes, rss_added = await asyncio.to_thread(
-                open_instances,
-                model_file,
-                plan.placement,
-                self.runtime_settings,
-                config,
-                self.cpu_count,
-                self.runtime_factory,
+            settings = self.runtime_settings
+
+            def load() -> tuple[list[Runtime], int]:
+                runtimes, rss_added = open_instances(
+                    model_file,
+                    plan.placement,
+                    settings,
+                    config,
+                    self.cpu_count,
+                    self.runtime_factory,
+                )
+                try:
+                    warm_up(runtimes, version_dir, config)
+                except BaseException:
+                    for rt in runtimes:
+                        rt.close()
+                    raise
+                return runtimes, rss_added
+
+            # loaded at the inference threads' priority: a backend's own threads inherit it
+            runtimes, rss_added = await run_lowered(
+                settings.compute_nice_offset, f"load:{name}", load
             )
-            try:
-                await asyncio.to_thread(warm_up, runtimes, version_dir, config)
-            except BaseException:
-                for rt in runtimes:
-                    rt.close()
-                raise
             load_s = time.monotonic() - started
         except (RuntimeFailure, LoadError) as exc:
             reason = str(exc)
@@ -262,6 +272,7 @@ class ModelManager:
                 config.batching,
                 batched=runtimes[0].signature.batched,
                 observer=observer,
+                nice_offset=settings.compute_nice_offset,
             ),
             memory_bytes=accounted_memory_bytes(version_dir, config, rss_added),
             load_s=load_s,
