@@ -83,6 +83,11 @@ class AgentSettings(BaseSettings):
     Retry-After beyond. Off when unset."""
     rate_limit_burst: int = Field(default=20, gt=0)
     """Requests a client may send at once before the rate applies (the bucket's size)."""
+    forwarded_allow_ips: tuple[str, ...] = ()
+    """Reverse proxies (addresses or networks) whose ``X-Forwarded-For`` and
+    ``X-Forwarded-Proto`` name the client, its address for the rate limit among others. None by
+    default: believing loopback, as uvicorn does by default, would let any local process name
+    itself a new address for every request and never run out of its rate limit."""
 
     strict_readiness: bool = True
     """Ready only when every model of the repository serves (Triton's default)."""

@@ -145,3 +145,33 @@ def test_rate_limit_without_keys_is_per_address(example_repo: Path, tmp_path: Pa
         statuses = [get(agent, "/v2").status_code for _ in range(3)]
         assert statuses == [200, 200, 429]
         assert "client 127.0.0.1 is over" in get(agent, "/v2").json()["error"]
+
+
+def test_a_local_client_cannot_name_itself_another_address_for_the_rate_limit(
+    example_repo: Path, tmp_path: Path
+) -> None:
+    """uvicorn believes X-Forwarded-For from loopback by default: any local process could
+    name a new address per request and never be limited. The agent believes no proxy unless
+    told (``forwarded_allow_ips``)."""
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    with serve(repo, rate_limit_per_s=0.01, rate_limit_burst=2) as agent:
+        statuses = [
+            get(agent, "/v2", **{"X-Forwarded-For": f"10.0.0.{i}"}).status_code for i in range(3)
+        ]
+        assert statuses == [200, 200, 429]
+        refused = get(agent, "/v2", **{"X-Forwarded-For": "10.0.0.9"})
+        assert "client 127.0.0.1 is over" in refused.json()["error"]
+
+
+def test_a_trusted_proxy_names_the_client_for_the_rate_limit(
+    example_repo: Path, tmp_path: Path
+) -> None:
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    with serve(
+        repo, rate_limit_per_s=0.01, rate_limit_burst=2, forwarded_allow_ips=("127.0.0.1",)
+    ) as agent:
+        behind = {"X-Forwarded-For": "10.0.0.7"}
+        assert [get(agent, "/v2", **behind).status_code for _ in range(3)] == [200, 200, 429]
+        assert "client 10.0.0.7 is over" in get(agent, "/v2", **behind).json()["error"]
+        # another client behind the same proxy has its own bucket
+        assert get(agent, "/v2", **{"X-Forwarded-For": "10.0.0.8"}).status_code == 200
