@@ -142,10 +142,13 @@ def server_config(settings: AgentSettings, state: ApiState) -> uvicorn.Config:
         access_log=False,
         # uvicorn types both as int but hands them to call_later and asyncio.timeout, which
         # take seconds as floats: int() made a keep-alive under 1 s 0 (every connection closed
-        # after its first response) and a grace under 1 s no limit at all
+        # after its first response) and a grace under 1 s 0 (requests in flight cancelled at
+        # once)
         timeout_graceful_shutdown=settings.shutdown_grace_s,  # type: ignore[arg-type]
         timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
         server_header=False,
+        proxy_headers=bool(settings.forwarded_allow_ips),
+        forwarded_allow_ips=list(settings.forwarded_allow_ips) or None,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import select
+import socket
 import time
 import zlib
 from collections.abc import Iterator
@@ -268,3 +269,37 @@ def test_a_keep_alive_under_a_second_holds_the_connection_that_long(
         idle_from = time.monotonic()
         assert closed_by_peer(sock)  # then closed once idle that long
         assert time.monotonic() - idle_from >= 0.3
+
+
+def refuses_connections(url: str) -> bool:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_a_shutdown_grace_under_a_second_lets_a_request_finish_within_it_gated(
+    example_repo: Path, tmp_path: Path
+) -> None:
+    """``shutdown_grace_s`` is a float too: int() made a grace under 1 s 0, and a shutdown
+    cancelled the requests in flight at once (uvicorn waits 0.1 s, then the grace)."""
+    gate = Gate(closed=False)
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    with ThreadPoolExecutor(2) as pool, httpx.Client(timeout=60) as client:
+        with serve(repo, runtime_factory=gated_factory(gate), shutdown_grace_s=0.95) as agent:
+            gate.close()
+            held = pool.submit(client.post, agent.url + INFER, content=body_of(1))
+            gate.wait_entered()
+            url = agent.url
+
+            def release_while_stopping() -> None:
+                wait_until(lambda: refuses_connections(url), what="the shutdown to begin")
+                time.sleep(0.5)  # past the 0.1 s after which a grace of 0 cancels it
+                gate.open()
+
+            releaser = pool.submit(release_while_stopping)
+        # leaving serve() shut the server down while the request was held in the model
+        releaser.result(timeout=60)
+        assert held.result(timeout=60).status_code == 200
