@@ -256,11 +256,14 @@ class Batcher:
             self._changed.clear()
             if wake_at is None:
                 await self._changed.wait()
-            else:
+            else:  # a timer that sets the event: wait_for would wrap the wait in a task
+                timer = asyncio.get_running_loop().call_later(
+                    max(wake_at - now, 0), self._changed.set
+                )
                 try:
-                    await asyncio.wait_for(self._changed.wait(), max(wake_at - now, 0))
-                except TimeoutError:
-                    pass
+                    await self._changed.wait()
+                finally:
+                    timer.cancel()
 
     def _dispatch(self, instance: int, batch: list[_Item]) -> None:
         """Hand the batch to its instance's thread now; a task waits for it and answers."""
