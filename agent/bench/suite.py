@@ -42,6 +42,12 @@ than the cores has a batch ready when another's answers and next requests are cr
 (alternating runs at binary, concurrency 8, 2026-12-03: the machine idle 5-6 % of the time
 with two, 2.1-2.4 % with three; three served more in 9 of 10 pairs, -0.2 to +6.3 %, median
 +4 %). It costs latency with a single client (one thread per request)."""
+RAW_BRACKETED = frozenset({("cnn", "agent", "binary", 8)})
+"""(model, system, body, concurrency) of the cells a goal compares with raw ONNX Runtime: raw
+is measured right before and right after each of their runs as well, and the goal compares with
+the mean of the two. The raw run at the start of a repetition is up to minutes from a cell, and
+the machine's speed moves that much: in the run at 99d5024 the three were 201, 167 and 184
+rows/s."""
 RAW_INSTANCES = (1, 2, 3)
 """Raw ONNX Runtime's limit is the best of these numbers of sessions side by side (one of them
 the agent's) at every batch size."""
@@ -243,7 +249,14 @@ def run_model(
             shift = rep * len(plan) // max(repeat, 1)
             for c, s, k in plan[shift:] + plan[:shift]:
                 cell = cells.setdefault((s, k, c), Cell(model, s, k, c))
-                cell.runs.append(measure(servers[s], model, bodies, k, c, duration_s))
+                bracketed = (model, s, k, c) in RAW_BRACKETED
+                raw_args = (model_file, bodies.row, best, duration_s)
+                before = raw_throughput(*raw_args, instances=best_instances) if bracketed else 0
+                run = measure(servers[s], model, bodies, k, c, duration_s)
+                if bracketed:
+                    after = raw_throughput(*raw_args, instances=best_instances)
+                    run["raw_around_rows_per_s"] = [before, after]
+                cell.runs.append(run)
                 rate = cell.runs[-1]["requests_per_s"]
                 print(f"{model} rep {rep} {s}/{k} c={c}: {rate:.0f}/s", file=sys.stderr)
         over = overload(servers["agent"], model, bodies, 512, overload_s) if overload_s else None
