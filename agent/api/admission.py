@@ -31,17 +31,18 @@ class Admission:
         self.open_paths = frozenset(open_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.open_paths:
-            await self.app(scope, receive, send)
-            return
-        try:
-            self._admit(scope)
-        except AgentError as exc:
-            await error_response(exc)(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            try:
+                self.check(scope)
+            except AgentError as exc:
+                await error_response(exc)(scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
-    def _admit(self, scope: Scope) -> None:
+    def check(self, scope: Scope) -> None:
+        """Raise the :class:`AgentError` that turns the HTTP request away, if one does."""
+        if scope["path"] in self.open_paths:
+            return
         client = scope["client"][0] if scope.get("client") else "local"
         if self.keys is not None:
             client = self.keys.client(dict(scope["headers"]))

@@ -76,7 +76,7 @@ def create_app(state: ApiState) -> ASGIApp:
     app.add_exception_handler(Exception, handle_error)
     settings = state.settings
     admission = Admission(
-        InferFastPath(app),
+        app,
         keys=ApiKeys.from_settings(settings.api_key, settings.api_keys_file),
         limiter=(
             RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
@@ -86,5 +86,10 @@ def create_app(state: ApiState) -> ASGIApp:
         open_paths=settings.api_key_open_paths,
     )
     # Outside FastAPI's own middleware stack, so that the infer fast path skips it too; the
-    # request context is outermost, so the access log sees what admission turned away.
-    return RequestContext(admission, access_log=settings.access_log)
+    # request context is outside admission, so the access log sees what admission turned away.
+    return InferFastPath(
+        RequestContext(admission, access_log=settings.access_log),
+        state,
+        admission,
+        access_log=settings.access_log,
+    )

@@ -50,23 +50,33 @@ def status_of(exc: Exception) -> int:
     return 500
 
 
-def error_response(exc: Exception, headers: dict[str, str] | None = None) -> Response:
+def error_parts(exc: Exception) -> tuple[int, dict[str, str], bytes]:
+    """The status, headers (besides the content type, JSON) and body that answer ``exc``."""
     status = status_of(exc)
     code = getattr(exc, "code", "internal")
     message = str(exc) if status != 500 or code != "internal" else "internal error"
-    headers = dict(headers or {})
+    headers: dict[str, str] = {}
     retry_after = getattr(exc, "retry_after_s", None)
     if retry_after is not None:
         headers["Retry-After"] = str(retry_after)
     elif status == 503:
-        headers.setdefault("Retry-After", "1")
+        headers["Retry-After"] = "1"
     if status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="edgefleet"'
-    body = orjson.dumps({"error": message, "code": code})
+    return status, headers, orjson.dumps({"error": message, "code": code})
+
+
+def error_response(exc: Exception) -> Response:
+    status, headers, body = error_parts(exc)
     return Response(body, status_code=status, headers=headers, media_type="application/json")
 
 
-async def handle_error(request: Request, exc: Exception) -> Response:
+def log_if_failed(path: str, exc: Exception) -> None:
+    """A bug (an error that answers 500) is logged with its traceback."""
     if status_of(exc) == 500:
-        log.error("request failed", exc_info=exc, extra={"path": request.url.path})
+        log.error("request failed", exc_info=exc, extra={"path": path})
+
+
+async def handle_error(request: Request, exc: Exception) -> Response:
+    log_if_failed(request.url.path, exc)
     return error_response(exc)

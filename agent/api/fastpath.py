@@ -1,22 +1,29 @@
-"""The inference routes straight to their handler, past the router.
+"""The inference routes straight to their handler, past the router and the middleware objects.
 
 Under load the agent's event loop is its bottleneck, and for a small model FastAPI's routing
 (matching every route in turn, its exception and exit-stack middleware, the request/response
 wrappers) costs more than the inference itself. ``POST /v2/models/{m}[/versions/{v}]/infer``
-is recognised here from the path and handed to :func:`agent.api.v2.infer` directly. It runs
-inside the request context and admission middleware (access log, API keys, rate limit, body
-deadline) like every other route, answers errors with the same handler, and is still documented
-by the FastAPI route that declares it. It also skips FastAPI's outer middleware (server errors,
-its own body limit: the handler enforces ``max_request_bytes`` itself).
+is recognised here from the path, first of all, and answered by
+:func:`agent.api.v2.handle_infer` without a ``Request`` or ``Response`` object: the request
+context (:func:`agent.api.context.begin`, the access log) and admission
+(:meth:`agent.api.admission.Admission.check`: API keys, rate limit) are called here in turn
+rather than as middleware layers each wrapping ``send``, and errors are answered as
+:mod:`agent.api.errors` answers every route's. It is still documented by the FastAPI route
+that declares it. It skips FastAPI's outer middleware (server errors, its own body limit: the
+handler enforces ``max_request_bytes`` itself).
 """
 
 from __future__ import annotations
 
-from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent.api import v2
-from agent.api.errors import handle_error
+from agent.api.admission import Admission
+from agent.api.context import begin, finish
+from agent.api.errors import error_parts, log_if_failed
+from agent.api.state import ApiState
+
+_JSON = (b"content-type", b"application/json")
 
 
 def infer_route(path: str) -> tuple[str, str | None] | None:
@@ -37,10 +44,16 @@ def infer_route(path: str) -> tuple[str, str | None] | None:
 
 
 class InferFastPath:
-    """Wraps the FastAPI app (``app``); everything but the infer routes goes to it."""
+    """The outermost app: the infer routes are answered here; everything else goes to ``app``
+    (the request context and admission middleware around FastAPI)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(
+        self, app: ASGIApp, state: ApiState, admission: Admission, *, access_log: bool
+    ) -> None:
         self.app = app
+        self.state = state
+        self.admission = admission
+        self.access_log = access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = (
@@ -51,10 +64,19 @@ class InferFastPath:
         if route is None:
             await self.app(scope, receive, send)
             return
-        scope["app"] = self.app  # what Starlette would set: handlers reach their state by it
-        request = Request(scope, receive, send)
+        context = begin(scope)
+        status = 500
         try:
-            response = await v2.infer(request, *route)
-        except Exception as exc:  # a bug answers 500 with the error body, and is logged
-            response = await handle_error(request, exc)
-        await response(scope, receive, send)
+            try:
+                self.admission.check(scope)
+                status, headers, body = await v2.handle_infer(self.state, scope, receive, *route)
+            except Exception as exc:  # a bug answers 500 with the error body, and is logged
+                log_if_failed(scope["path"], exc)
+                status, extra, body = error_parts(exc)
+                headers = [_JSON, *((k.lower().encode(), v.encode()) for k, v in extra.items())]
+            headers.append((b"content-length", b"%d" % len(body)))
+            headers += context.headers
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+        finally:
+            finish(scope, context, status, access_log=self.access_log)

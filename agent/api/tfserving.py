@@ -97,7 +97,7 @@ async def model_metadata(
 )
 async def predict(request: Request, model_name: str, model_version: str | None = None) -> Response:
     started = time.monotonic()
-    context = request_context(request)
+    context = request_context(request.scope)
     context["model"], context["version"] = model_name, model_version
     state = _state(request)
     lv = state.service.resolve(model_name, model_version)
@@ -107,7 +107,9 @@ async def predict(request: Request, model_name: str, model_version: str | None =
     )
     try:
         result = await until_disconnect(
-            request, state.service.infer(InferRequest(model_name, inputs, model_version))
+            request.scope,
+            request.receive,
+            state.service.infer(InferRequest(model_name, inputs, model_version)),
         )
     except ClientGone:
         return Response(status_code=499)

@@ -8,8 +8,9 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope
 
 from agent.api.http_protocol import CONNECTION_KEY, Connection
 from agent.errors import PayloadTooLargeError, RequestError
@@ -20,22 +21,35 @@ T = TypeVar("T")
 async def read_body(request: Request, limit: int, setting: str = "max_request_bytes") -> bytes:
     """The request body, refused as soon as it passes ``limit`` bytes (also once inflated);
     ``setting`` names the limit in the error."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
+    return await receive_body(request.receive, dict(request.scope["headers"]), limit, setting)
+
+
+async def receive_body(
+    receive: Receive, headers: dict[bytes, bytes], limit: int, setting: str = "max_request_bytes"
+) -> bytes:
+    """:func:`read_body` from the ASGI ``receive`` and the request's headers (lower-case names)."""
+    declared = headers.get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLargeError(
-            f"body of {declared} bytes is over the limit of {limit} bytes ({setting})"
+            f"body of {declared.decode()} bytes is over the limit of {limit} bytes ({setting})"
         )
     chunks, size = [], 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise PayloadTooLargeError(f"body is over the limit of {limit} bytes ({setting})")
         if chunk:
             chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
     # one chunk (a body collected whole, agent.api.http_protocol) is taken as it is: a join
     # would copy it
     body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    encoding = request.headers.get("content-encoding", "identity").lower()
+    encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").lower()
     if encoding in ("gzip", "deflate"):
         body = _inflate(body, encoding, limit, setting)
     elif encoding != "identity":
@@ -64,16 +78,16 @@ class ClientGone(Exception):
     """The client closed the connection before its answer was ready."""
 
 
-async def until_disconnect(request: Request, work: Coroutine[Any, Any, T]) -> T:
+async def until_disconnect(scope: Scope, receive: Receive, work: Coroutine[Any, Any, T]) -> T:
     """Await ``work``, but cancel it if the client disconnects first.
 
     A cancelled inference is dropped from its batcher's queue if it has not run yet. Under the
     agent's own protocol the connection calls back when it is lost; elsewhere (another server
     running the app) a watcher task waits for ``http.disconnect``.
     """
-    connection: Connection | None = request.scope.get(CONNECTION_KEY)
+    connection: Connection | None = scope.get(CONNECTION_KEY)
     if connection is None:
-        return await _watching(request, work)
+        return await _watching(receive, work)
     if connection.lost:
         work.close()
         raise ClientGone()
@@ -102,9 +116,9 @@ async def until_disconnect(request: Request, work: Coroutine[Any, Any, T]) -> T:
     return result
 
 
-async def _watching(request: Request, work: Coroutine[Any, Any, T]) -> T:
+async def _watching(receive: Receive, work: Coroutine[Any, Any, T]) -> T:
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
     try:
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
@@ -119,17 +133,17 @@ async def _watching(request: Request, work: Coroutine[Any, Any, T]) -> T:
     raise ClientGone()
 
 
-async def _wait_disconnect(request: Request) -> None:
+async def _wait_disconnect(receive: Receive) -> None:
     while True:
-        message = await request.receive()
+        message = await receive()
         if message["type"] == "http.disconnect":
             return
 
 
-def request_context(request: Request) -> dict[str, Any]:
+def request_context(scope: Scope) -> dict[str, Any]:
     """The request's fields for the access log (:mod:`agent.api.context`): the dict behind
     ``request.state``, without the wrapper object ``request.state`` makes per request."""
-    context: dict[str, Any] = request.scope.setdefault("state", {})
+    context: dict[str, Any] = scope.setdefault("state", {})
     return context
 
 
@@ -144,5 +158,7 @@ def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = 
 
 def server_timing(queue_s: float, compute_s: float, total_s: float) -> str:
     """A ``Server-Timing`` header value, in milliseconds."""
-    parts = (("queue", queue_s), ("compute", compute_s), ("total", total_s))
-    return ", ".join(f"{name};dur={seconds * 1000:.3f}" for name, seconds in parts)
+    return (
+        f"queue;dur={queue_s * 1000:.3f}, compute;dur={compute_s * 1000:.3f}, "
+        f"total;dur={total_s * 1000:.3f}"
+    )

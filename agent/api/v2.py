@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope
 
 from agent import __version__
 from agent.api.openapi import V2_INFER
@@ -15,7 +16,7 @@ from agent.api.state import ApiState
 from agent.api.transport import (
     ClientGone,
     json_response,
-    read_body,
+    receive_body,
     request_context,
     server_timing,
     until_disconnect,
@@ -149,15 +150,33 @@ async def model_config(
     openapi_extra=V2_INFER,
 )
 async def infer(request: Request, model_name: str, model_version: str | None = None) -> Response:
+    """Documents the infer routes; requests reach :func:`handle_infer` by the fast path
+    (:mod:`agent.api.fastpath`) before FastAPI routes them."""
+    status, headers, body = await handle_infer(
+        _state(request), request.scope, request.receive, model_name, model_version
+    )
+    return Response(body, status, headers={k.decode(): v.decode() for k, v in headers})
+
+
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+"""Status, headers (the content type among them, not its length) and body."""
+_JSON = (b"content-type", b"application/json")
+_BINARY = (b"content-type", b"application/octet-stream")
+
+
+async def handle_infer(
+    state: ApiState, scope: Scope, receive: Receive, model_name: str, model_version: str | None
+) -> Answer:
+    """``POST /v2/models/{model_name}[/versions/{model_version}]/infer``, in ASGI terms."""
     started = time.monotonic()
-    context = request_context(request)
+    context = request_context(scope)
     context["model"], context["version"] = model_name, model_version
-    state = _state(request)
     limits = state.settings
     lv = state.service.resolve(model_name, model_version)
-    body = await read_body(request, limits.max_request_bytes)
-    header = request.headers.get("inference-header-content-length")
-    if header is not None and not (header.strip().isascii() and header.strip().isdigit()):
+    headers = dict(scope["headers"])
+    body = await receive_body(receive, headers, limits.max_request_bytes)
+    header = headers.get(b"inference-header-content-length")
+    if header is not None and not header.strip().isdigit():
         raise RequestError(
             "Inference-Header-Content-Length must be a non-negative integer",
             field="Inference-Header-Content-Length",
@@ -193,9 +212,9 @@ async def infer(request: Request, model_name: str, model_version: str | None = N
         timeout,
     )
     try:
-        result = await until_disconnect(request, state.service.infer(infer_request))
+        result = await until_disconnect(scope, receive, state.service.infer(infer_request))
     except ClientGone:
-        return Response(status_code=499)
+        return 499, [], b""
     request_id = decoded.id if decoded.id is not None else context["request_id"]
     payload, json_length = encode_response(
         result.model,
@@ -209,8 +228,8 @@ async def infer(request: Request, model_name: str, model_version: str | None = N
     context["model"], context["version"] = result.model, result.version
     context["queue_ms"] = round(result.queue_s * 1000, 3)
     context["compute_ms"] = round(result.compute_s * 1000, 3)
-    headers = {"Server-Timing": server_timing(result.queue_s, result.compute_s, total)}
+    timing = (b"server-timing", server_timing(result.queue_s, result.compute_s, total).encode())
     if json_length is None:
-        return Response(payload, headers=headers, media_type="application/json")
-    headers["Inference-Header-Content-Length"] = str(json_length)
-    return Response(payload, headers=headers, media_type="application/octet-stream")
+        return 200, [_JSON, timing], payload
+    length = (b"inference-header-content-length", b"%d" % json_length)
+    return 200, [_BINARY, timing, length], payload

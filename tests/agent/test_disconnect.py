@@ -11,18 +11,18 @@ import asyncio
 from typing import Any
 
 import pytest
-from starlette.requests import Request
-from starlette.types import Message
+from starlette.types import Message, Scope
 
 from agent.api.http_protocol import CONNECTION_KEY, Connection
 from agent.api.transport import ClientGone, until_disconnect
 
 
-def request_on(connection: Connection | None, receive: Any = None) -> Request:
+def request_on(connection: Connection | None, receive: Any = None) -> tuple[Scope, Any]:
+    """The scope and ``receive`` of a request on ``connection``."""
     scope: dict[str, Any] = {"type": "http", "method": "POST", "path": "/", "headers": []}
     if connection is not None:
         scope[CONNECTION_KEY] = connection
-    return Request(scope, receive)
+    return scope, receive
 
 
 class Work:
@@ -45,7 +45,7 @@ def test_a_lost_connection_cancels_the_work_and_answers_client_gone() -> None:
         connection, work = Connection(), Work()
         asyncio.get_running_loop().call_later(0.01, connection._lose)
         with pytest.raises(ClientGone):
-            await until_disconnect(request_on(connection), work.run())
+            await until_disconnect(*request_on(connection), work.run())
         assert work.cancelled
         task = asyncio.current_task()
         assert task is not None and task.cancelling() == 0  # nothing left pending
@@ -58,7 +58,7 @@ def test_a_finished_request_leaves_nothing_on_its_connection() -> None:
     async def main() -> None:
         connection, work = Connection(), Work()
         work.result.set_result("done")
-        assert await until_disconnect(request_on(connection), work.run()) == "done"
+        assert await until_disconnect(*request_on(connection), work.run()) == "done"
         connection._lose()  # the next client disconnect must not cancel this task
         await asyncio.sleep(0)
 
@@ -70,7 +70,7 @@ def test_an_already_lost_connection_answers_client_gone_without_running_the_work
         connection, work = Connection(), Work()
         connection._lose()
         with pytest.raises(ClientGone):
-            await until_disconnect(request_on(connection), work.run())
+            await until_disconnect(*request_on(connection), work.run())
         assert not work.cancelled  # closed before it started
 
     asyncio.run(main())
@@ -79,7 +79,7 @@ def test_an_already_lost_connection_answers_client_gone_without_running_the_work
 def test_a_cancellation_from_elsewhere_is_not_taken_for_a_disconnect() -> None:
     async def main() -> None:
         connection, work = Connection(), Work()
-        handler = asyncio.ensure_future(until_disconnect(request_on(connection), work.run()))
+        handler = asyncio.ensure_future(until_disconnect(*request_on(connection), work.run()))
         await asyncio.sleep(0.01)
         handler.cancel()  # a shutdown, say
         with pytest.raises(asyncio.CancelledError):
@@ -98,7 +98,7 @@ def test_under_another_server_the_disconnect_message_cancels_the_work() -> None:
             return {"type": "http.disconnect"}
 
         with pytest.raises(ClientGone):
-            await until_disconnect(request_on(None, receive), work.run())
+            await until_disconnect(*request_on(None, receive), work.run())
         assert work.cancelled
 
     asyncio.run(main())
