@@ -7,8 +7,10 @@ is recognised here from the path, first of all, and answered by
 :func:`agent.api.v2.handle_infer` without a ``Request`` or ``Response`` object: the request
 context (:func:`agent.api.context.begin`, the access log) and admission
 (:meth:`agent.api.admission.Admission.check`: API keys, rate limit) are called here in turn
-rather than as middleware layers each wrapping ``send``, and errors are answered as
-:mod:`agent.api.errors` answers every route's. It is still documented by the FastAPI route
+rather than as middleware layers each wrapping ``send``, errors are answered as
+:mod:`agent.api.errors` answers every route's, and the response is written by
+:func:`agent.api.http_protocol.respond` rather than as two ASGI messages. It is still
+documented by the FastAPI route
 that declares it. It skips FastAPI's outer middleware (server errors, its own body limit: the
 handler enforces ``max_request_bytes`` itself).
 """
@@ -21,6 +23,7 @@ from agent.api import v2
 from agent.api.admission import Admission
 from agent.api.context import begin, finish
 from agent.api.errors import error_parts, log_if_failed
+from agent.api.http_protocol import respond
 from agent.api.state import ApiState
 
 _JSON = (b"content-type", b"application/json")
@@ -76,7 +79,8 @@ class InferFastPath:
                 headers = [_JSON, *((k.lower().encode(), v.encode()) for k, v in extra.items())]
             headers.append((b"content-length", b"%d" % len(body)))
             headers += context.headers
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+            if not respond(scope, status, headers, body):  # another server runs the app
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
         finally:
             finish(scope, context, status, access_log=self.access_log)

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 import httptools
 import orjson
+from starlette.types import Scope
 from uvicorn.protocols.http.httptools_impl import (
     STATUS_LINE,
     HttpToolsProtocol,
@@ -69,6 +70,8 @@ class _InFlight:
 
 CONNECTION_KEY = "edgefleet.connection"
 """Scope key of the request's :class:`Connection`."""
+CYCLE_KEY = "edgefleet.cycle"
+"""Scope key of the request's uvicorn cycle, for :func:`respond`."""
 
 
 class Connection:
@@ -282,6 +285,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is not previous:  # a request cycle was made (not an upgrade)
             self.cycle.transport = self._writer  # type: ignore[assignment]
+            self.scope[CYCLE_KEY] = self.cycle  # type: ignore[literal-required]
             if 0 < self._declared <= self.limits.whole_body_bytes:
                 self._collect_whole(self._declared)
 
@@ -417,6 +421,37 @@ def _whole_receive(cycle: RequestResponseCycle) -> Callable[[], Any]:
         return {"type": "http.request", "body": body, "more_body": cycle.more_body}
 
     return receive
+
+
+def respond(scope: Scope, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+    """Write a whole response of the agent's own making on its request's connection, as
+    uvicorn's ``send`` would for its two ASGI messages, less the work a response whose headers
+    are known to be valid does not need (a regular expression per header name and value, the
+    messages, the content length counted down); False, and nothing written, when the request
+    is not on this protocol, or when its client is not reading what it was sent (uvicorn's
+    ``send`` then waits for the transport to drain before it writes more). ``headers`` must
+    hold the content length."""
+    cycle: RequestResponseCycle | None = scope.get(CYCLE_KEY)
+    if cycle is None or cycle.response_started or cycle.flow.write_paused:
+        return False
+    if cycle.disconnected:
+        return True
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    head = [STATUS_LINE[status]]
+    for name, value in (*cycle.default_headers, *headers):
+        head += (name, b": ", value, b"\r\n")
+    if not cycle.keep_alive:
+        head.append(b"connection: close\r\n")
+    head.append(b"\r\n")
+    cycle.transport.write(b"".join(head))  # held by _HeadHeld until the body: one write
+    cycle.transport.write(body)
+    cycle.response_complete = True
+    cycle.message_event.set()
+    if not cycle.keep_alive:
+        cycle.transport.close()
+    cycle.on_response()
+    return True
 
 
 def _response(status: int, code: str, message: str, retry_after_s: int, *, close: bool) -> bytes:

@@ -3,12 +3,18 @@ the router as before (a real agent answers both ways the same)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from agent.api.fastpath import infer_route
+from agent.api.http_protocol import CYCLE_KEY, respond
 from tests.agent.server import copy_models, serve
+from tests.hardening.rawhttp import closed_by_peer, connect, head, read_response
+
+INFER = "/v2/models/mlp/infer"
 
 
 @pytest.mark.parametrize(
@@ -46,3 +52,41 @@ def test_fast_path_and_router_agree(example_repo: Path, tmp_path: Path) -> None:
         assert c.get("/v2/models/mlp/infer").status_code == 405  # not POST: the router answers
         bad = c.post("/v2/models/mlp/infer", content=b"{")
         assert bad.status_code == 400
+
+
+def test_a_response_written_directly_keeps_http_semantics(
+    example_repo: Path, tmp_path: Path
+) -> None:
+    """The fast path writes its response on the connection itself (http_protocol.respond):
+    the head carries what uvicorn's send would write, the connection stays open for the next
+    request, and a request asking to close gets ``connection: close`` and a closed socket."""
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    body = json.dumps(
+        {"inputs": [{"name": "input", "shape": [1, 256], "datatype": "FP32", "data": [0.5] * 256}]}
+    ).encode()
+    with serve(repo) as agent, connect(agent.url) as sock:
+        headers = {"Content-Type": "application/json", "Content-Length": str(len(body))}
+        first_id = "first-request"
+        sock.sendall(head("POST", INFER, {**headers, "X-Request-Id": first_id}) + body)
+        first = read_response(sock)
+        assert first.status == 200
+        assert len(first.body) == int(first.headers["content-length"])
+        assert first.json()["outputs"][0]["shape"] == [1, 10]
+        assert first.headers["content-type"] == "application/json"
+        assert first.headers["x-request-id"] == first_id and "date" in first.headers
+        assert first.headers["server-timing"].startswith("queue;dur=")
+        assert "connection" not in first.headers
+        sock.sendall(head("POST", INFER, {**headers, "Connection": "close"}) + body)
+        last = read_response(sock)
+        assert last.status == 200 and last.headers["connection"] == "close"
+        assert last.json()["outputs"] == first.json()["outputs"]
+        assert closed_by_peer(sock)
+
+
+def test_respond_leaves_to_asgi_what_it_cannot_write_itself() -> None:
+    # Under another ASGI server there is no cycle of ours: the caller sends ASGI messages.
+    assert respond({"type": "http"}, 200, [], b"") is False
+    # A client that reads nothing of what it was sent: uvicorn's send waits for the drain.
+    cycle = SimpleNamespace(response_started=False, flow=SimpleNamespace(write_paused=True))
+    assert respond({CYCLE_KEY: cycle}, 200, [], b"") is False
+    assert cycle.response_started is False
