@@ -17,6 +17,8 @@ handler enforces ``max_request_bytes`` itself).
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent.api import v2
@@ -25,8 +27,14 @@ from agent.api.context import begin, finish
 from agent.api.errors import error_parts, log_if_failed
 from agent.api.http_protocol import respond
 from agent.api.state import ApiState
+from agent.errors import ShuttingDownError
 
 _JSON = (b"content-type", b"application/json")
+
+
+def _error_answer(exc: Exception) -> v2.Answer:
+    status, extra, body = error_parts(exc)
+    return status, [_JSON, *((k.lower().encode(), v.encode()) for k, v in extra.items())], body
 
 
 def infer_route(path: str) -> tuple[str, str | None] | None:
@@ -73,10 +81,18 @@ class InferFastPath:
             try:
                 self.admission.check(scope)
                 status, headers, body = await v2.handle_infer(self.state, scope, receive, *route)
+            except asyncio.CancelledError:
+                # Only the server cancels a handler (a client gone is answered as ClientGone):
+                # it stopped waiting for this request at shutdown (shutdown_grace_s). The client
+                # hears why, where uvicorn would answer a bare 500.
+                gone = ShuttingDownError("the agent shut down before this request was answered")
+                status, headers, body = _error_answer(gone)
+                headers += ((b"content-length", b"%d" % len(body)), *context.headers)
+                respond(scope, status, headers, body)
+                raise
             except Exception as exc:  # a bug answers 500 with the error body, and is logged
                 log_if_failed(scope["path"], exc)
-                status, extra, body = error_parts(exc)
-                headers = [_JSON, *((k.lower().encode(), v.encode()) for k, v in extra.items())]
+                status, headers, body = _error_answer(exc)
             headers.append((b"content-length", b"%d" % len(body)))
             headers += context.headers
             if not respond(scope, status, headers, body):  # another server runs the app

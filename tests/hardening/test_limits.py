@@ -303,3 +303,29 @@ def test_a_shutdown_grace_under_a_second_lets_a_request_finish_within_it_gated(
         # leaving serve() shut the server down while the request was held in the model
         releaser.result(timeout=60)
         assert held.result(timeout=60).status_code == 200
+
+
+def test_a_request_held_past_the_shutdown_grace_is_answered_503_gated(
+    example_repo: Path, tmp_path: Path
+) -> None:
+    """Past ``shutdown_grace_s`` uvicorn cancels the requests still in flight; the client hears
+    503 and why (uvicorn's own answer to a cancelled handler is a bare 500)."""
+    gate = Gate(closed=False)
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    with ThreadPoolExecutor(2) as pool, httpx.Client(timeout=60) as client:
+        with serve(repo, runtime_factory=gated_factory(gate), shutdown_grace_s=0.2) as agent:
+            gate.close()
+            held = pool.submit(client.post, agent.url + INFER, content=body_of(1))
+            gate.wait_entered()
+
+            def release_once_answered() -> None:
+                wait_until(held.done, what="the held request to be answered")
+                gate.open()  # the model's thread is free again for the models to close
+
+            releaser = pool.submit(release_once_answered)
+        # leaving serve() shut the server down with the request still held in the model
+        releaser.result(timeout=60)
+        answer = held.result(timeout=60)
+    assert answer.status_code == 503
+    assert answer.json()["error"] == "the agent shut down before this request was answered"
+    assert answer.headers["retry-after"] == "1" and answer.headers["connection"] == "close"
