@@ -12,8 +12,8 @@ import select
 import socket
 import time
 import zlib
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -280,29 +280,44 @@ def refuses_connections(url: str) -> bool:
     return False
 
 
-def test_a_shutdown_grace_under_a_second_lets_a_request_finish_within_it_gated(
-    example_repo: Path, tmp_path: Path
-) -> None:
-    """``shutdown_grace_s`` is a float too: int() made a grace under 1 s 0, and a shutdown
-    cancelled the requests in flight at once (uvicorn waits 0.1 s, then the grace)."""
+def held_through_shutdown(
+    repo: Path, grace_s: float, release_after: Callable[[Future[httpx.Response], str], None]
+) -> httpx.Response:
+    """The answer to a request held in the model while the agent shuts down with
+    ``shutdown_grace_s=grace_s``; the model lets it go once ``release_after(answer, url)``
+    returns."""
     gate = Gate(closed=False)
-    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
     with ThreadPoolExecutor(2) as pool, httpx.Client(timeout=60) as client:
-        with serve(repo, runtime_factory=gated_factory(gate), shutdown_grace_s=0.95) as agent:
+        with serve(repo, runtime_factory=gated_factory(gate), shutdown_grace_s=grace_s) as agent:
             gate.close()
             held = pool.submit(client.post, agent.url + INFER, content=body_of(1))
             gate.wait_entered()
             url = agent.url
 
-            def release_while_stopping() -> None:
-                wait_until(lambda: refuses_connections(url), what="the shutdown to begin")
-                time.sleep(0.5)  # past the 0.1 s after which a grace of 0 cancels it
-                gate.open()
+            def release() -> None:
+                try:
+                    release_after(held, url)
+                finally:
+                    gate.open()  # and the model's thread is free for the models to close
 
-            releaser = pool.submit(release_while_stopping)
+            releaser = pool.submit(release)
         # leaving serve() shut the server down while the request was held in the model
         releaser.result(timeout=60)
-        assert held.result(timeout=60).status_code == 200
+        return held.result(timeout=60)
+
+
+def test_a_shutdown_grace_under_a_second_lets_a_request_finish_within_it_gated(
+    example_repo: Path, tmp_path: Path
+) -> None:
+    """``shutdown_grace_s`` is a float too: int() made a grace under 1 s 0, and a shutdown
+    cancelled the requests in flight at once (uvicorn waits 0.1 s, then the grace)."""
+
+    def while_stopping(answer: Future[httpx.Response], url: str) -> None:
+        wait_until(lambda: refuses_connections(url), what="the shutdown to begin")
+        time.sleep(0.5)  # past the 0.1 s after which a grace of 0 cancels it
+
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    assert held_through_shutdown(repo, 0.95, while_stopping).status_code == 200
 
 
 def test_a_request_held_past_the_shutdown_grace_is_answered_503_gated(
@@ -310,22 +325,12 @@ def test_a_request_held_past_the_shutdown_grace_is_answered_503_gated(
 ) -> None:
     """Past ``shutdown_grace_s`` uvicorn cancels the requests still in flight; the client hears
     503 and why (uvicorn's own answer to a cancelled handler is a bare 500)."""
-    gate = Gate(closed=False)
+
+    def once_answered(answer: Future[httpx.Response], url: str) -> None:
+        wait_until(answer.done, what="the held request to be answered")
+
     repo = copy_models(example_repo, tmp_path / "repo", "mlp")
-    with ThreadPoolExecutor(2) as pool, httpx.Client(timeout=60) as client:
-        with serve(repo, runtime_factory=gated_factory(gate), shutdown_grace_s=0.2) as agent:
-            gate.close()
-            held = pool.submit(client.post, agent.url + INFER, content=body_of(1))
-            gate.wait_entered()
-
-            def release_once_answered() -> None:
-                wait_until(held.done, what="the held request to be answered")
-                gate.open()  # the model's thread is free again for the models to close
-
-            releaser = pool.submit(release_once_answered)
-        # leaving serve() shut the server down with the request still held in the model
-        releaser.result(timeout=60)
-        answer = held.result(timeout=60)
+    answer = held_through_shutdown(repo, 0.2, once_answered)
     assert answer.status_code == 503
     assert answer.json()["error"] == "the agent shut down before this request was answered"
     assert answer.headers["retry-after"] == "1" and answer.headers["connection"] == "close"
