@@ -33,7 +33,8 @@ _FILE_SUFFIX = {"onnx": (".onnx",), "tflite": (".tflite",), "openvino_ir": (".xm
 
 class ArtifactStore:
     def __init__(self, root: Path, max_bytes: int) -> None:
-        self.root = root
+        # absolute: the links materialise makes must not be read relative to where they lie
+        self.root = root.absolute()
         self.max_bytes = max_bytes
         (root / ".incoming").mkdir(parents=True, exist_ok=True)
 
