@@ -10,9 +10,8 @@ context (:func:`agent.api.context.begin`, the access log) and admission
 rather than as middleware layers each wrapping ``send``, errors are answered as
 :mod:`agent.api.errors` answers every route's, and the response is written by
 :func:`agent.api.http_protocol.respond` rather than as two ASGI messages. It is still
-documented by the FastAPI route
-that declares it. It skips FastAPI's outer middleware (server errors, its own body limit: the
-handler enforces ``max_request_bytes`` itself).
+documented by the FastAPI route that declares it. It skips FastAPI's outer middleware (server
+errors, its own body limit: the handler enforces ``max_request_bytes`` itself).
 """
 
 from __future__ import annotations
@@ -23,18 +22,24 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent.api import v2
 from agent.api.admission import Admission
-from agent.api.context import begin, finish
+from agent.api.context import Context, begin, finish
 from agent.api.errors import error_parts, log_if_failed
 from agent.api.http_protocol import respond
 from agent.api.state import ApiState
 from agent.errors import ShuttingDownError
 
-_JSON = (b"content-type", b"application/json")
-
 
 def _error_answer(exc: Exception) -> v2.Answer:
     status, extra, body = error_parts(exc)
-    return status, [_JSON, *((k.lower().encode(), v.encode()) for k, v in extra.items())], body
+    headers = [v2.JSON_TYPE, *((k.lower().encode(), v.encode()) for k, v in extra.items())]
+    return status, headers, body
+
+
+def _framed(
+    headers: list[tuple[bytes, bytes]], body: bytes, context: Context
+) -> list[tuple[bytes, bytes]]:
+    """An answer's headers with its length and the request context's headers."""
+    return [*headers, (b"content-length", b"%d" % len(body)), *context.headers]
 
 
 def infer_route(path: str) -> tuple[str, str | None] | None:
@@ -87,14 +92,12 @@ class InferFastPath:
                 # hears why, where uvicorn would answer a bare 500.
                 gone = ShuttingDownError("the agent shut down before this request was answered")
                 status, headers, body = _error_answer(gone)
-                headers += ((b"content-length", b"%d" % len(body)), *context.headers)
-                respond(scope, status, headers, body)
+                respond(scope, status, _framed(headers, body, context), body)
                 raise
             except Exception as exc:  # a bug answers 500 with the error body, and is logged
                 log_if_failed(scope["path"], exc)
                 status, headers, body = _error_answer(exc)
-            headers.append((b"content-length", b"%d" % len(body)))
-            headers += context.headers
+            headers = _framed(headers, body, context)
             if not respond(scope, status, headers, body):  # another server runs the app
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": body})

@@ -160,7 +160,7 @@ async def infer(request: Request, model_name: str, model_version: str | None = N
 
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
 """Status, headers (the content type among them, not its length) and body."""
-_JSON = (b"content-type", b"application/json")
+JSON_TYPE = (b"content-type", b"application/json")
 _BINARY = (b"content-type", b"application/octet-stream")
 
 
@@ -230,6 +230,6 @@ async def handle_infer(
     context["compute_ms"] = round(result.compute_s * 1000, 3)
     timing = (b"server-timing", server_timing(result.queue_s, result.compute_s, total).encode())
     if json_length is None:
-        return 200, [_JSON, timing], payload
+        return 200, [JSON_TYPE, timing], payload
     length = (b"inference-header-content-length", b"%d" % json_length)
     return 200, [_BINARY, timing, length], payload
