@@ -188,6 +188,31 @@ def test_a_body_in_many_packets_is_collected_whole_and_exact(agent: RunningAgent
     assert out["shape"] == [64, 10] and in_pieces.json()["outputs"] == at_once.json()["outputs"]
 
 
+def test_large_bodies_read_past_the_parser_are_the_bytes_sent(agent: RunningAgent) -> None:
+    """A large body lands in a buffer that is not zero-filled, and on a connection that has had
+    one its next head is read in small reads: the model must see exactly the rows sent, as it
+    does from small bodies that take neither path."""
+    body, x = _rows_body(64)
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(body))}
+    with connect(agent.url) as sock:
+        answers = []
+        for _ in range(3):  # the first switches the connection to reading into the buffer
+            sock.sendall(head("POST", INFER, headers) + body)
+            answers.append(read_response(sock))
+        singles = []
+        for row in x[:8]:
+            tensor = {"name": "input", "shape": [1, 256], "datatype": "FP32", "data": row.tolist()}
+            small = json.dumps({"inputs": [tensor]}).encode()
+            sock.sendall(head("POST", INFER, {"Content-Length": str(len(small))}) + small)
+            singles.append(read_response(sock))
+    assert len(body) > 300_000 and all(a.status == 200 for a in answers + singles)
+    large = [np.array(a.json()["outputs"][0]["data"]).reshape(64, 10) for a in answers]
+    rows = np.array([s.json()["outputs"][0]["data"] for s in singles])
+    for out in large:
+        np.testing.assert_allclose(out[:8], rows, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(out, large[0])
+
+
 def test_a_chunked_body_without_a_length_still_arrives_in_steps(agent: RunningAgent) -> None:
     body, _ = _rows_body(64)
     chunked = b"".join(
