@@ -89,10 +89,14 @@ class InferFastPath:
             except asyncio.CancelledError:
                 # Only the server cancels a handler (a client gone is answered as ClientGone):
                 # it stopped waiting for this request at shutdown (shutdown_grace_s). The client
-                # hears why, where uvicorn would answer a bare 500.
+                # hears why, where uvicorn would answer a bare 500. Answered, the request ends
+                # here: re-raised, the cancellation reached uvicorn, which logged "Exception in
+                # ASGI application" with a traceback for every request cut off, an error an
+                # operator reads as a crash. uvicorn does not wait for the tasks it cancels.
                 gone = ShuttingDownError("the agent shut down before this request was answered")
                 status, headers, body = _error_answer(gone)
-                respond(scope, status, _framed(headers, body, context), body)
+                if respond(scope, status, _framed(headers, body, context), body):
+                    return
                 raise
             except Exception as exc:  # a bug answers 500 with the error body, and is logged
                 log_if_failed(scope["path"], exc)

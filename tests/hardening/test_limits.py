@@ -8,6 +8,7 @@ trickled heads and bodies, streamed bodies past the limit, oversized headers, id
 from __future__ import annotations
 
 import gzip
+import logging
 import select
 import socket
 import time
@@ -321,7 +322,7 @@ def test_a_shutdown_grace_under_a_second_lets_a_request_finish_within_it_gated(
 
 
 def test_a_request_held_past_the_shutdown_grace_is_answered_503_gated(
-    example_repo: Path, tmp_path: Path
+    example_repo: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Past ``shutdown_grace_s`` uvicorn cancels the requests still in flight; the client hears
     503 and why (uvicorn's own answer to a cancelled handler is a bare 500)."""
@@ -330,7 +331,12 @@ def test_a_request_held_past_the_shutdown_grace_is_answered_503_gated(
         wait_until(answer.done, what="the held request to be answered")
 
     repo = copy_models(example_repo, tmp_path / "repo", "mlp")
-    answer = held_through_shutdown(repo, 0.2, once_answered)
+    with caplog.at_level(logging.ERROR, logger="uvicorn.error"):
+        answer = held_through_shutdown(repo, 0.2, once_answered)
     assert answer.status_code == 503
     assert answer.json()["error"] == "the agent shut down before this request was answered"
     assert answer.headers["retry-after"] == "1" and answer.headers["connection"] == "close"
+    # uvicorn says it cancelled the request; the request, answered, is not an application error
+    errors = [r.getMessage() for r in caplog.records if r.name == "uvicorn.error"]
+    assert any("Cancel 1 running task" in m for m in errors), errors
+    assert not any("Exception in ASGI application" in m for m in errors), errors
