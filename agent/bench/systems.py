@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,21 +128,24 @@ def agent(
     batching: bool = True,
     cache_dir: Path | None = None,
     config: str = "",
+    env: Mapping[str, str] | None = None,
 ) -> AbstractContextManager[Running]:
     """``repository`` holds only ``model``; ``config`` is its config.toml's top-level settings
     (none by default); with ``batching=False`` its config turns batching off; ``cache_dir`` is
-    the compiled-model cache (none by default)."""
+    the compiled-model cache (none by default); ``env`` is added to the process's environment."""
     if config or not batching:
         text = config + ("" if batching else "[batching]\nmax_batch_size = 0\n")
         (repository / model / "config.toml").write_text(text)
     port = free_port()
     exe = Path(sys.executable).parent / "edgefleet"
-    env = _quiet_env(EDGEFLEET_AGENT_ACCESS_LOG="false", EDGEFLEET_AGENT_LOG_LEVEL="WARNING")
+    environment = _quiet_env(
+        EDGEFLEET_AGENT_ACCESS_LOG="false", EDGEFLEET_AGENT_LOG_LEVEL="WARNING", **(env or {})
+    )
     if cache_dir is not None:
-        env["EDGEFLEET_AGENT_RUNTIME__CACHE_DIR"] = str(cache_dir)
+        environment["EDGEFLEET_AGENT_RUNTIME__CACHE_DIR"] = str(cache_dir)
     args = [str(exe), "agent", "--model-repository", str(repository), "--port", str(port)]
     name = "agent" if batching else "agent-nobatch"
-    return _process(name, args, env, port, model, probe_body, logs / f"{name}.log")
+    return _process(name, args, environment, port, model, probe_body, logs / f"{name}.log")
 
 
 def fastapi_endpoint(

@@ -1,4 +1,5 @@
-"""The benchmark's load generator: talks HTTP/1.1 correctly, counts honestly, aims at loopback only."""
+"""The benchmark's load generator (talks HTTP/1.1 correctly, counts honestly, aims at loopback
+only) and its A/B of agent variants against raw ONNX Runtime."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agent.bench.ab import Variant, compare
 from agent.bench.loadgen import build_request
 from agent.bench.serving import binary_request
 from tests.agent.server import copy_models, serve
@@ -44,3 +46,37 @@ def test_loadgen_refuses_anything_but_loopback() -> None:
     assert b"Content-Type: application/octet-stream" in request
     _, _, as_json = build_request("http://127.0.0.1:9/x", b"{}", ["Content-Type: application/json"])
     assert b"octet-stream" not in as_json and b"Content-Type: application/json" in as_json
+
+
+def test_ab_runs_each_variant_against_raw_between_runs() -> None:
+    """Two real agents, each with its own config and environment, alternating with raw ONNX
+    Runtime: each run is compared with the raw runs either side of it."""
+    variants = [
+        Variant.parse('{"name": "batching", "config": "[batching]\\nmax_batch_size = 8\\n"}'),
+        Variant.parse(
+            '{"name": "one-at-a-time", "config": "[batching]\\nmax_batch_size = 0\\n",'
+            ' "env": {"EDGEFLEET_AGENT_MAX_CONCURRENT_REQUESTS": "1"}}'
+        ),
+    ]
+    report = compare(
+        variants, model="mlp", body="json", concurrency=4, duration_s=0.5, pairs=2,
+        raw_instances=1, raw_batch=1,
+    )  # fmt: skip
+    first, second = report["variants"]
+    raws = [r["raw_around_rows_per_s"] for v in (first, second) for r in v["runs"]]
+    assert len(first["runs"]) == len(second["runs"]) == 2 and all(a > 0 and b > 0 for a, b in raws)
+    for run in first["runs"] + second["runs"]:
+        low, high = run["raw_around_rows_per_s"]
+        assert run["ratio_to_raw"] == pytest.approx(run["requests_per_s"] / ((low + high) / 2))
+    assert set(first["runs"][0]["statuses"]) == {"200"}
+    # the second variant's environment reached its agent, and only its: with 4 clients and
+    # room for one request, the rest are refused
+    assert all("503" in r["statuses"] for r in second["runs"])
+    assert first["median_ratio_to_raw"] > 0
+
+
+def test_ab_refuses_a_variant_it_could_not_name_a_directory_after() -> None:
+    with pytest.raises(SystemExit, match="name"):
+        Variant.parse('{"name": "../x"}')
+    with pytest.raises(SystemExit, match="unknown keys"):
+        Variant.parse('{"name": "x", "confg": ""}')
