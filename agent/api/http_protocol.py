@@ -313,7 +313,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         # loop's user time serving cnn (perf, 2026-12-04). Nothing reads the buffer before the
         # body is complete (_whole_receive hands it over only then).
         self.cycle.body = np.empty(size, np.uint8).data  # type: ignore[assignment]
-        self._whole = memoryview(self.cycle.body)  # released on completion; the body is not
+        # a view of its own, released once the body is complete; cycle.body goes to the handler
+        self._whole = memoryview(self.cycle.body)
         self.cycle.receive = _whole_receive(self.cycle)  # type: ignore[method-assign]
         if not self._buffered:  # from the next read on
             self._buffered = True

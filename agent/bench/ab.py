@@ -83,12 +83,14 @@ def compare(
     with tempfile.TemporaryDirectory(prefix="edgefleet-ab-") as scratch, ExitStack() as stack:
         servers: dict[str, Running] = {}
         for variant in variants:
-            repo, logs = Path(scratch) / variant.name / "models", Path(scratch) / variant.name
+            logs = Path(scratch) / variant.name
+            repo = logs / "models"
             write_example_repository(repo, models=(model,))
             servers[variant.name] = stack.enter_context(
                 agent(repo, model, bodies.json[0], logs, config=variant.config, env=variant.env)
             )
-        model_file, _ = find_model_file(Path(scratch) / variants[0].name / "models" / model / "1")
+        # every variant's repository holds the same example model
+        model_file, _ = find_model_file(repo / model / "1")
 
         def raw() -> float:
             return raw_throughput(
