@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.bench import plots
-from agent.bench.goals import Goal, evaluate
+from agent.bench.goals import Goal, evaluate, lean_reference
 from agent.bench.tables import fleet_section, md_table, num
 
 NOTES = Path(__file__).with_name("findings.md")
@@ -54,8 +54,9 @@ def serving_section(serving: dict[str, Any], images: Path, rel: str) -> list[str
         "",
         f"Closed-loop load of one-row requests for {serving['duration_s']:g} s per cell, "
         f"{serving['repeat']} repetitions in rotated order; medians. `json` is V2 JSON, `binary` "
-        "is V2 with Triton's binary tensor extension (the agent only; MLServer has no binary "
-        "extension and the plain endpoint is JSON as users write it). CPU is the server's process "
+        "is V2 with Triton's binary tensor extension (the agent, and `lean`, the leanest Python "
+        "server of the V2 infer route, for scale; MLServer has no binary extension and the "
+        "plain endpoint is JSON as users write it). CPU is the server's process "
         "tree (MLServer's workers included), per successful inference.",
         "",
     ]
@@ -197,6 +198,9 @@ def render(
         "",
         *goals_section(evaluate(serving, footprint, fleet)),
     ]
+    reference = lean_reference(serving) if serving else None
+    if reference:
+        lines += [reference, ""]
     if NOTES.exists():
         lines += [NOTES.read_text().strip(), ""]
     if serving:

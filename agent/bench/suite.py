@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,7 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.bench.bodies import Bodies, make_bodies
 from agent.bench.serving import BATCH_SIZES, raw_throughput
-from agent.bench.systems import Running, agent, fastapi_endpoint, mlserver
+from agent.bench.systems import Running, agent, fastapi_endpoint, lean_server, mlserver
+from agent.model_config import ModelConfig
 from runtimes.examples import write_example_repository
 from runtimes.formats import find_model_file
 
@@ -42,7 +44,7 @@ than the cores has a batch ready when another's answers and next requests are cr
 (alternating runs at binary, concurrency 8, 2026-12-03: the machine idle 5-6 % of the time
 with two, 2.1-2.4 % with three; three served more in 9 of 10 pairs, -0.2 to +6.3 %, median
 +4 %). It costs latency with a single client (one thread per request)."""
-RAW_BRACKETED = frozenset({("cnn", "agent", "binary", 8)})
+RAW_BRACKETED = frozenset({("cnn", "agent", "binary", 8), ("cnn", "lean", "binary", 8)})
 """(model, system, body, concurrency) of the cells a goal compares with raw ONNX Runtime: raw
 is measured right before and right after each of their runs as well, and the goal compares with
 the mean of the two. The raw run at the start of a repetition is up to minutes from a cell, and
@@ -52,10 +54,14 @@ RAW_INSTANCES = (1, 2, 3)
 """Raw ONNX Runtime's limit is the best of these numbers of sessions side by side (one of them
 the agent's) at every batch size."""
 
+UNBATCHED = frozenset({"fastapi", "lean"})
+"""Systems that run one request per ``session.run`` by construction."""
+
 BODY_KINDS = {
     "agent": ("json", "binary"),
     "agent-nobatch": ("json", "binary"),
     "fastapi": ("json",),
+    "lean": ("binary",),
     "mlserver": ("json",),
 }
 
@@ -104,7 +110,7 @@ class BatchProbe:
             for size in sizes:
                 hist[str(size)] = hist.get(str(size), 0) + 1
             return float(sum(sizes)), float(len(sizes)), hist
-        if self.server.name == "fastapi":  # one session.run per request, by construction
+        if self.server.name in UNBATCHED:
             return 0.0, 0.0, {}
         import httpx
 
@@ -141,7 +147,7 @@ def measure(
     result = run_load(server.infer_url(model), body, headers, concurrency, duration_s)
     cpu1, after = server.tree_cpu_s(), probe.read()
     mean_batch, hist = _batch_delta(before, after)
-    if server.name == "fastapi":
+    if server.name in UNBATCHED:
         mean_batch = 1.0
     ok = result["statuses"].get("200", 0)
     wall = result["wall_s"]
@@ -236,6 +242,9 @@ def run_model(
                 )
             elif name == "fastapi":
                 cm = fastapi_endpoint(model_file, model, probe, logs)
+            elif name == "lean":  # the agent's sessions, nothing of the agent around them
+                own = ModelConfig(**tomllib.loads(AGENT_CONFIG.get(model, "")))
+                cm = lean_server(model_file, model, probe, logs, instances=own.instances)
             else:
                 cm = mlserver(model_file, model, probe, logs, scratch)
             servers[name] = stack.enter_context(cm)

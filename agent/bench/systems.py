@@ -3,6 +3,8 @@
 - ``agent``: ``edgefleet agent`` with dynamic batching (the model's default config);
 - ``agent-nobatch``: the same with ``max_batch_size = 0``;
 - ``fastapi``: :mod:`agent.bench.plain_endpoint`, ONNX Runtime per request;
+- ``lean``: :mod:`agent.bench.lean_server`, the leanest Python server of the V2 infer route,
+  as a measure of what any Python server pays here (binary bodies);
 - ``mlserver``: MLServer 1.7 with :mod:`agent.bench.mlserver_runtime` and adaptive batching, in
   its own virtual environment made on first use (``uvloop==0.21.0`` pinned: with 0.23 its
   inference workers die at start, SeldonIO/MLServer#2286).
@@ -30,7 +32,7 @@ import psutil
 MLSERVER_VERSION = "1.7.1"
 MLSERVER_PINS = (f"mlserver=={MLSERVER_VERSION}", "uvloop==0.21.0", "onnxruntime", "numpy")
 DEFAULT_MLSERVER_VENV = Path.home() / ".cache" / "edgefleet" / f"bench-mlserver-{MLSERVER_VERSION}"
-SYSTEMS = ("agent", "agent-nobatch", "fastapi", "mlserver")
+SYSTEMS = ("agent", "agent-nobatch", "fastapi", "lean", "mlserver")
 
 
 @dataclass
@@ -167,6 +169,24 @@ def fastapi_endpoint(
     ]
     env = _quiet_env(EDGEFLEET_BENCH_MODEL=str(model_file))
     return _process("fastapi", args, env, port, model, probe_body, logs / "fastapi.log")
+
+
+def lean_server(
+    model_file: Path, model: str, probe_body: bytes, logs: Path, *, instances: int = 1
+) -> AbstractContextManager[Running]:
+    port = free_port()
+    args = [
+        sys.executable,
+        "-m",
+        "agent.bench.lean_server",
+        "--model-file",
+        str(model_file),
+        "--port",
+        str(port),
+        "--instances",
+        str(instances),
+    ]
+    return _process("lean", args, _quiet_env(), port, model, probe_body, logs / "lean.log")
 
 
 def ensure_mlserver_venv(venv: Path = DEFAULT_MLSERVER_VENV) -> Path:

@@ -4,16 +4,23 @@ batch statistics read back from the agent, and the report with its goals and plo
 from __future__ import annotations
 
 import json
+import re
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
+import numpy as np
+import orjson
 
 from agent.bench.bodies import make_bodies
-from agent.bench.goals import evaluate
+from agent.bench.goals import evaluate, lean_reference
 from agent.bench.report import render
 from agent.bench.serving import raw_throughput
 from agent.bench.suite import measure
-from agent.bench.systems import agent, fastapi_endpoint
+from agent.bench.systems import agent, fastapi_endpoint, lean_server
+from runtimes.backends import open_model
+from runtimes.base import Placement
 from tests.agent.server import copy_models
 
 
@@ -107,6 +114,15 @@ def test_the_cnn_goal_compares_with_raw_measured_around_each_run() -> None:
     assert goal.measured.startswith("0.90 x (within repetitions 0.90, 0.90, 0.88; medians 92 vs")
     assert goal.measured.endswith("at each repetition's start: 0.77 x)")
     assert goal.met  # 0.90 around each run, where the repetitions' start says 0.77
+    assert lean_reference(serving) is None  # no lean server in this run
+    lean = [{"requests_per_s": 95.0, "raw_around_rows_per_s": [100.0, 100.0]}] * 3
+    cell = {"model": "cnn", "system": "lean", "body": "binary", "concurrency": 8, "runs": lean}
+    serving["models"][-1]["cells"].append(cell)  # type: ignore[index]
+    reference = lean_reference(serving)
+    assert (
+        reference is not None and "served 0.95 x (within repetitions 0.95, 0.95, 0.95" in reference
+    )
+    assert [g.name for g in evaluate(serving, None, None)] == list(goals)  # not a goal
 
 
 def test_report_writes_tables_and_plots(tmp_path: Path) -> None:
@@ -189,3 +205,60 @@ def test_fleet_table_shows_the_bare_rate_before_and_after_the_sweep() -> None:
     }
     text = "\n".join(fleet_section({"sizes": [size], "command": "fleet"}))
     assert "| 5,000 | 9.4 | 6.2 | 17,690 | 34,000 | 39,530 / 30,100 | 0.52 |" in text
+
+
+def test_lean_server_answers_as_the_runtime_does_binary_json_and_pipelined(
+    example_repo: Path, tmp_path: Path
+) -> None:
+    """The scale for the cnn goal is a real server: the tensors it answers are the session's,
+    in V2 binary and JSON, two requests sent in one write are answered in order, and what it
+    does not serve is refused, not dropped."""
+    bodies = make_bodies("mlp")
+    model_file = example_repo / "mlp" / "1" / "model.onnx"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    placement = Placement(runtime="onnxruntime", providers=("CPUExecutionProvider",))
+    runtime = open_model(model_file, placement)
+    (expected,) = runtime.infer({"input": bodies.row}).values()
+    runtime.close()
+    with lean_server(model_file, "mlp", bodies.json[0], logs, instances=2) as lean:
+        url = f"{lean.base_url}/v2/models/mlp/infer"
+        body, headers = bodies.binary
+        answer = httpx.post(url, content=body, headers=dict(h.split(": ") for h in headers))
+        as_json = httpx.post(url, content=bodies.json[0]).json()
+        assert httpx.get(f"{lean.base_url}/v2/health/ready").status_code == 404
+        assert httpx.post(url, content=b'{"inputs": [').status_code == 400
+        parts = urlsplit(lean.base_url)
+        with socket.create_connection((parts.hostname, parts.port)) as raw:
+            head = b"POST /v2/models/mlp/infer HTTP/1.1\r\ncontent-length: %d\r\n\r\n"
+            request = head % len(bodies.json[0]) + bodies.json[0]
+            raw.sendall(request + request[:-1])
+            raw.sendall(request[-1:])
+            replies = _read_responses(raw, 2)
+        measured = measure(lean, "mlp", bodies, "binary", 4, 0.5)
+    length = int(answer.headers["inference-header-content-length"])
+    tensor = np.frombuffer(answer.content[length:], np.float32).reshape(expected.shape)
+    np.testing.assert_array_equal(tensor, expected)
+    assert as_json["outputs"][0]["shape"] == list(expected.shape)
+    np.testing.assert_allclose(as_json["outputs"][0]["data"], expected.ravel(), rtol=1e-6)
+    assert [orjson.loads(r)["outputs"][0]["data"] for r in replies] == [
+        as_json["outputs"][0]["data"]
+    ] * 2
+    assert set(measured["statuses"]) == {"200"} and measured["mean_batch_rows"] == 1
+
+
+def _read_responses(sock: socket.socket, count: int) -> list[bytes]:
+    """The bodies of ``count`` responses with a content length, read from ``sock``."""
+    data, bodies = b"", []
+    while len(bodies) < count:
+        end = data.find(b"\r\n\r\n")
+        if end >= 0:
+            length = int(re.search(rb"content-length: (\d+)", data[:end]).group(1))  # type: ignore[union-attr]
+            if len(data) >= end + 4 + length:
+                bodies.append(data[end + 4 : end + 4 + length])
+                data = data[end + 4 + length :]
+                continue
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection"
+        data += chunk
+    return bodies
