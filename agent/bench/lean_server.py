@@ -104,6 +104,8 @@ class _Connection(asyncio.BufferedProtocol):
                 self._dispatch()
             return
         self.pending += memoryview(self.head)[:nbytes]
+        if self.busy and len(self.pending) > MAX_HEAD_BYTES:  # a client far ahead: hold it
+            self.transport.pause_reading()
         self._parse()
 
     def _parse(self) -> None:
@@ -153,6 +155,7 @@ class _Connection(asyncio.BufferedProtocol):
             return
         self.transport.write(response)
         self.busy = False
+        self.transport.resume_reading()
         if self.pending:  # a pipelined request waited for this answer
             self._parse()
 
