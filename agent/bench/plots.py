@@ -31,9 +31,7 @@ def serving_plots(m: dict[str, Any], images: Path) -> list[str]:
             concs, [_median(by_conc[c], "requests_per_s") for c in concs], marker="o", label=label
         )
     raw = statistics.median(m["raw"]["runs_rows_per_s"])
-    ax.axhline(
-        raw, color="grey", linestyle="--", label=f"raw ONNX Runtime, batch {m['raw']['best_batch']}"
-    )
+    ax.axhline(raw, color="grey", linestyle="--", label=raw_label(m["raw"]))
     ax.set(
         xscale="log",
         yscale="log",
@@ -71,6 +69,13 @@ def serving_plots(m: dict[str, Any], images: Path) -> list[str]:
     ax.legend()
     names.append(_save(fig, images / f"batches-{model}.png"))
     return names
+
+
+def raw_label(raw: dict[str, Any]) -> str:
+    """The raw line's legend: its best shape, sessions side by side and batch size."""
+    sessions = raw.get("best_instances", 1)
+    shape = f"{sessions} sessions x batch" if sessions > 1 else "batch"
+    return f"raw ONNX Runtime, {shape} {raw['best_batch']}"
 
 
 def _per_bucket(cumulative: dict[str, float]) -> dict[str, float]:

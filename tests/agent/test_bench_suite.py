@@ -15,6 +15,7 @@ import orjson
 
 from agent.bench.bodies import make_bodies
 from agent.bench.goals import evaluate, lean_reference
+from agent.bench.plots import raw_label
 from agent.bench.report import render
 from agent.bench.serving import raw_throughput
 from agent.bench.suite import measure
@@ -144,6 +145,13 @@ def test_report_writes_tables_and_plots(tmp_path: Path) -> None:
         png = tmp_path / "benchmarks" / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"(benchmarks/{name})" in text
+
+
+def test_the_raw_line_names_its_sessions_and_batch() -> None:
+    assert raw_label({"best_batch": 8}) == "raw ONNX Runtime, batch 8"
+    assert raw_label({"best_batch": 2, "best_instances": 2}) == (
+        "raw ONNX Runtime, 2 sessions x batch 2"
+    )
 
 
 def test_bench_command_renders_saved_results(tmp_path: Path) -> None:
