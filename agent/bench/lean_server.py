@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import queue
 import signal
 import threading
@@ -31,11 +30,9 @@ import numpy as np
 import orjson
 import uvloop
 
-from agent.inference.versions import open_instances
-from agent.model_config import ModelConfig
-from runtimes.base import Placement, Runtime
+from agent.bench.serving import cpu_sessions
+from runtimes.base import Runtime
 from runtimes.datatypes import from_numpy, numpy_dtype
-from runtimes.settings import RuntimeSettings
 
 HEAD_READ_BYTES = 8 * 1024
 MAX_HEAD_BYTES = 64 * 1024
@@ -218,14 +215,7 @@ def _plain(status: int, message: str, close: bool = False) -> bytes:
 
 async def serve(model_file: Path, port: int, instances: int, host: str = "127.0.0.1") -> None:
     """Serve until SIGTERM or SIGINT."""
-    placement = Placement(runtime="onnxruntime", providers=("CPUExecutionProvider",))
-    runtimes, _ = open_instances(
-        model_file,
-        placement,
-        RuntimeSettings(),
-        ModelConfig(instances=instances),
-        os.cpu_count() or 1,
-    )
+    runtimes = cpu_sessions(model_file, instances)
     loop = asyncio.get_running_loop()
     server = _Server(runtimes, loop)
     listener = await loop.create_server(lambda: _Connection(server), host, port)

@@ -31,7 +31,7 @@ import psutil
 
 from agent.inference.versions import open_instances
 from agent.model_config import ModelConfig
-from runtimes.base import Placement
+from runtimes.base import Placement, Runtime
 from runtimes.examples import write_example_repository
 from runtimes.formats import find_model_file
 from runtimes.settings import RuntimeSettings
@@ -122,12 +122,9 @@ def load(
     return result
 
 
-def raw_throughput(
-    model_file: Path, row: np.ndarray, batch: int, duration_s: float, instances: int = 1
-) -> float:
-    """Rows per second of ONNX Runtime in this process at one batch size: ``instances``
-    sessions run side by side, one thread each calling it, loaded as the agent loads them (the
-    CPU threads split between them)."""
+def cpu_sessions(model_file: Path, instances: int) -> list[Runtime]:
+    """``instances`` ONNX Runtime sessions of ``model_file`` on the CPU, loaded as the agent
+    loads them (the CPU threads split between them, the agent's runtime defaults)."""
     placement = Placement(runtime="onnxruntime", providers=("CPUExecutionProvider",))
     runtimes, _ = open_instances(
         model_file,
@@ -136,6 +133,15 @@ def raw_throughput(
         ModelConfig(instances=instances),
         os.cpu_count() or 1,
     )
+    return runtimes
+
+
+def raw_throughput(
+    model_file: Path, row: np.ndarray, batch: int, duration_s: float, instances: int = 1
+) -> float:
+    """Rows per second of ONNX Runtime in this process at one batch size: ``instances``
+    sessions run side by side (:func:`cpu_sessions`), one thread each calling it."""
+    runtimes = cpu_sessions(model_file, instances)
     x = np.repeat(row, batch, axis=0)
     counts = [0] * instances
 
