@@ -1,25 +1,23 @@
 """Prometheus metrics of the agent, on a registry of its own (no global state).
 
-Per request and per batch the hot path only touches pre-bound children; everything that is a
-state (queue depth, memory, readiness, CPU, RSS, accelerators, cost) is read at scrape time.
+Per request and per batch the hot path only adds to plain numbers bound once per version
+(:class:`Tally`, :class:`Spread`), exposed at scrape time; everything that is a state (queue
+depth, memory, readiness, CPU, RSS, accelerators, cost) is read at scrape time too.
 """
 
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import psutil
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    disable_created_metrics,
-    generate_latest,
-)
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from agent.accelerators import AcceleratorProbe
 from agent.inference.batcher import BatchObserver
@@ -44,8 +42,82 @@ LATENCY_BUCKETS_S = (
     5.0,
     10.0,
 )
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
 LABELS = ("model", "version")
+
+
+class Tally:
+    """A counter of one label set, kept as a plain number."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class Spread:
+    """A histogram of one label set, kept as plain numbers: the count in each bucket (the last
+    one ``+Inf``) and the sum. A value lands in the first bucket whose bound is not below it,
+    as in prometheus_client."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+
+class _Family:
+    """Series of one metric by label values, exposed at scrape time.
+
+    prometheus_client's ``Counter.inc`` and ``Histogram.observe`` take a lock for every value
+    they change and find a histogram's bucket in a Python loop: the four calls of every request
+    (the outcome, and its latency, queue and compute times) and the three of every batch were 5
+    % of the event loop's Python at ``mlp``, JSON, concurrency 32 (cProfile, 2026-12-04). The
+    event loop's thread is the only one to change these series, so they take no lock; a scrape
+    runs on the loop too.
+    """
+
+    def __init__(
+        self, name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...] = ()
+    ) -> None:
+        self.name, self.doc, self.labels, self.buckets = name, doc, labels, buckets
+        self.series: dict[tuple[str, ...], Tally | Spread] = {}
+
+    def tally(self, *values: str) -> Tally:
+        series = self.series.setdefault(values, Tally())
+        assert isinstance(series, Tally)
+        return series
+
+    def spread(self, *values: str) -> Spread:
+        series = self.series.setdefault(values, Spread(self.buckets))
+        assert isinstance(series, Spread)
+        return series
+
+    def family(self) -> Metric:
+        if not self.buckets:
+            counter = CounterMetricFamily(self.name, self.doc, labels=self.labels)
+            for values, tally in self.series.items():
+                assert isinstance(tally, Tally)
+                counter.add_metric(values, tally.value)
+            return counter
+        histogram = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
+        for values, spread in self.series.items():
+            assert isinstance(spread, Spread)
+            cumulative, buckets = 0, []
+            for bound, count in zip((*self.buckets, float("inf")), spread.counts, strict=True):
+                cumulative += count
+                buckets.append((floatToGoString(bound), cumulative))  # type: ignore[no-untyped-call]
+            histogram.add_metric(values, buckets, spread.total)
+        return histogram
 
 
 class AgentMetrics:
@@ -56,45 +128,32 @@ class AgentMetrics:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
+        self.requests = _Family(
             "edgefleet_requests",
             "Inference requests by outcome (success or error code)",
-            [*LABELS, "outcome"],
-            registry=r,
+            (*LABELS, "outcome"),
         )
-        self.rows = Counter(
-            "edgefleet_inference_rows", "Rows inferred (inference count)", LABELS, registry=r
+        self.rows = _Family("edgefleet_inference_rows", "Rows inferred (inference count)", LABELS)
+        self.batches = _Family(
+            "edgefleet_batch_executions", "Batches run (execution count)", LABELS
         )
-        self.batches = Counter(
-            "edgefleet_batch_executions", "Batches run (execution count)", LABELS, registry=r
+        self.batch_size = _Family(
+            "edgefleet_batch_size_rows", "Rows per executed batch", LABELS, BATCH_BUCKETS
         )
-        self.batch_size = Histogram(
-            "edgefleet_batch_size_rows",
-            "Rows per executed batch",
-            LABELS,
-            buckets=BATCH_BUCKETS,
-            registry=r,
+        self.queue = _Family(
+            "edgefleet_queue_seconds", "Time requests waited for a batch", LABELS, LATENCY_BUCKETS_S
         )
-        self.queue = Histogram(
-            "edgefleet_queue_seconds",
-            "Time requests waited for a batch",
-            LABELS,
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
-        )
-        self.compute = Histogram(
+        self.compute = _Family(
             "edgefleet_compute_seconds",
             "Runtime time of the batch a request ran in",
             LABELS,
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            LATENCY_BUCKETS_S,
         )
-        self.latency = Histogram(
+        self.latency = _Family(
             "edgefleet_request_seconds",
             "End-to-end time of successful requests",
             LABELS,
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            LATENCY_BUCKETS_S,
         )
         self.fleet_rejected = Counter(
             "edgefleet_fleet_messages_rejected",
@@ -107,7 +166,7 @@ class AgentMetrics:
         self._started = time.monotonic()
         self._manager: ModelManager | None = None
         self._total_rows = 0
-        self._success: dict[tuple[str, str], tuple[Counter, Histogram, Histogram, Histogram]] = {}
+        self._success: dict[tuple[str, str], tuple[Tally, Spread, Spread, Spread]] = {}
         self._process = psutil.Process()
         r.register(_StateCollector(self))
 
@@ -116,9 +175,9 @@ class AgentMetrics:
 
     def batch_observer(self, model: str, version: str, stats: VersionStats) -> BatchObserver:
         rows_c, batches_c, size_h = (
-            self.rows.labels(model, version),
-            self.batches.labels(model, version),
-            self.batch_size.labels(model, version),
+            self.rows.tally(model, version),
+            self.batches.tally(model, version),
+            self.batch_size.spread(model, version),
         )
 
         def observe(rows: int, compute_s: float) -> None:
@@ -134,12 +193,12 @@ class AgentMetrics:
         self, model: str, version: str, total_s: float, queue_s: float, compute_s: float
     ) -> None:
         children = self._success.get((model, version))
-        if children is None:  # labels() costs a lock and a tuple per call: once per version
+        if children is None:  # looked up once per version
             children = self._success[model, version] = (
-                self.requests.labels(model, version, "success"),
-                self.latency.labels(model, version),
-                self.queue.labels(model, version),
-                self.compute.labels(model, version),
+                self.requests.tally(model, version, "success"),
+                self.latency.spread(model, version),
+                self.queue.spread(model, version),
+                self.compute.spread(model, version),
             )
         requests, latency, queue, compute = children
         requests.inc()
@@ -148,12 +207,22 @@ class AgentMetrics:
         compute.observe(compute_s)
 
     def observe_failure(self, model: str, version: str, code: str) -> None:
-        self.requests.labels(model, version, code).inc()
+        self.requests.tally(model, version, code).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    def collect_state(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect_state(self) -> Iterator[Metric]:
+        for hot in (
+            self.requests,
+            self.rows,
+            self.batches,
+            self.batch_size,
+            self.queue,
+            self.compute,
+            self.latency,
+        ):
+            yield hot.family()
         depth = GaugeMetricFamily(
             "edgefleet_queue_depth", "Requests waiting in the batcher", labels=LABELS
         )
@@ -213,5 +282,5 @@ class _StateCollector(Collector):
     def __init__(self, metrics: AgentMetrics) -> None:
         self._metrics = metrics
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         return self._metrics.collect_state()
