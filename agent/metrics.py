@@ -75,43 +75,46 @@ class Spread:
         self.total += value
 
 
-class _Family:
-    """Series of one metric by label values, exposed at scrape time.
+class _Counters:
+    """A counter by label values, exposed at scrape time.
 
     prometheus_client's ``Counter.inc`` and ``Histogram.observe`` take a lock for every value
     they change and find a histogram's bucket in a Python loop: the four calls of every request
     (the outcome, and its latency, queue and compute times) and the three of every batch were 5
     % of the event loop's Python at ``mlp``, JSON, concurrency 32 (cProfile, 2026-12-04). The
-    event loop's thread is the only one to change these series, so they take no lock; a scrape
-    runs on the loop too.
+    event loop's thread is the only one to change these series (here and in :class:`_Spreads`),
+    so they take no lock; a scrape runs on the loop too.
     """
 
-    def __init__(
-        self, name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...] = ()
-    ) -> None:
-        self.name, self.doc, self.labels, self.buckets = name, doc, labels, buckets
-        self.series: dict[tuple[str, ...], Tally | Spread] = {}
+    def __init__(self, name: str, doc: str, labels: tuple[str, ...]) -> None:
+        self.name, self.doc, self.labels = name, doc, labels
+        self.series: dict[tuple[str, ...], Tally] = {}
 
-    def tally(self, *values: str) -> Tally:
-        series = self.series.setdefault(values, Tally())
-        assert isinstance(series, Tally)
-        return series
-
-    def spread(self, *values: str) -> Spread:
-        series = self.series.setdefault(values, Spread(self.buckets))
-        assert isinstance(series, Spread)
-        return series
+    def child(self, *values: str) -> Tally:
+        return self.series.setdefault(values, Tally())
 
     def family(self) -> Metric:
-        if not self.buckets:
-            counter = CounterMetricFamily(self.name, self.doc, labels=self.labels)
-            for values, tally in self.series.items():
-                assert isinstance(tally, Tally)
-                counter.add_metric(values, tally.value)
-            return counter
+        counter = CounterMetricFamily(self.name, self.doc, labels=self.labels)
+        for values, tally in self.series.items():
+            counter.add_metric(values, tally.value)
+        return counter
+
+
+class _Spreads:
+    """A histogram by label values, exposed at scrape time (see :class:`_Counters`)."""
+
+    def __init__(
+        self, name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]
+    ) -> None:
+        self.name, self.doc, self.labels, self.buckets = name, doc, labels, buckets
+        self.series: dict[tuple[str, ...], Spread] = {}
+
+    def child(self, *values: str) -> Spread:
+        return self.series.setdefault(values, Spread(self.buckets))
+
+    def family(self) -> Metric:
         histogram = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
         for values, spread in self.series.items():
-            assert isinstance(spread, Spread)
             cumulative, buckets = 0, []
             for bound, count in zip((*self.buckets, float("inf")), spread.counts, strict=True):
                 cumulative += count
@@ -128,28 +131,28 @@ class AgentMetrics:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = _Family(
+        self.requests = _Counters(
             "edgefleet_requests",
             "Inference requests by outcome (success or error code)",
             (*LABELS, "outcome"),
         )
-        self.rows = _Family("edgefleet_inference_rows", "Rows inferred (inference count)", LABELS)
-        self.batches = _Family(
+        self.rows = _Counters("edgefleet_inference_rows", "Rows inferred (inference count)", LABELS)
+        self.batches = _Counters(
             "edgefleet_batch_executions", "Batches run (execution count)", LABELS
         )
-        self.batch_size = _Family(
+        self.batch_size = _Spreads(
             "edgefleet_batch_size_rows", "Rows per executed batch", LABELS, BATCH_BUCKETS
         )
-        self.queue = _Family(
+        self.queue = _Spreads(
             "edgefleet_queue_seconds", "Time requests waited for a batch", LABELS, LATENCY_BUCKETS_S
         )
-        self.compute = _Family(
+        self.compute = _Spreads(
             "edgefleet_compute_seconds",
             "Runtime time of the batch a request ran in",
             LABELS,
             LATENCY_BUCKETS_S,
         )
-        self.latency = _Family(
+        self.latency = _Spreads(
             "edgefleet_request_seconds",
             "End-to-end time of successful requests",
             LABELS,
@@ -175,9 +178,9 @@ class AgentMetrics:
 
     def batch_observer(self, model: str, version: str, stats: VersionStats) -> BatchObserver:
         rows_c, batches_c, size_h = (
-            self.rows.tally(model, version),
-            self.batches.tally(model, version),
-            self.batch_size.spread(model, version),
+            self.rows.child(model, version),
+            self.batches.child(model, version),
+            self.batch_size.child(model, version),
         )
 
         def observe(rows: int, compute_s: float) -> None:
@@ -195,10 +198,10 @@ class AgentMetrics:
         children = self._success.get((model, version))
         if children is None:  # looked up once per version
             children = self._success[model, version] = (
-                self.requests.tally(model, version, "success"),
-                self.latency.spread(model, version),
-                self.queue.spread(model, version),
-                self.compute.spread(model, version),
+                self.requests.child(model, version, "success"),
+                self.latency.child(model, version),
+                self.queue.child(model, version),
+                self.compute.child(model, version),
             )
         requests, latency, queue, compute = children
         requests.inc()
@@ -207,7 +210,7 @@ class AgentMetrics:
         compute.observe(compute_s)
 
     def observe_failure(self, model: str, version: str, code: str) -> None:
-        self.requests.tally(model, version, code).inc()
+        self.requests.child(model, version, code).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
