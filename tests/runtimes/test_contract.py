@@ -288,3 +288,23 @@ def test_openvino_cache_dir_receives_the_compiled_blob(example_repo: Path, tmp_p
 
 def test_backends_cover_every_runtime_name() -> None:
     assert set(BACKENDS) == {"onnxruntime", "openvino", "litert"}
+
+
+def test_openvino_threads_split_between_models_are_not_pinned(example_repo: Path) -> None:
+    """With fewer threads than cores (the agent's instances share them) OpenVINO must not pin:
+    every compiled model's threads went to the same core. A profile's options still can."""
+    model = example_repo / "cnn/1/model.onnx"
+    golden = GoldenSample.load(example_repo / "cnn/1" / GOLDEN_FILE)
+    split = RuntimeSettings(intra_op_threads=1)
+    free = open_model(model, Placement(runtime="openvino"), split)
+    pinned = open_model(
+        model, Placement(runtime="openvino", options={"ENABLE_CPU_PINNING": True}), split
+    )
+    try:
+        assert free._compiled.get_property("ENABLE_CPU_PINNING") is False
+        assert pinned._compiled.get_property("ENABLE_CPU_PINNING") is True
+        assert free._compiled.get_property("INFERENCE_NUM_THREADS") == 1
+        assert golden.mismatches(free.infer(golden.inputs)) == []
+    finally:
+        free.close()
+        pinned.close()
