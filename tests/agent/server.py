@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import io
 import shutil
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +78,27 @@ def serve(
         server.should_exit = True
         thread.join(timeout=60)
         sock.close()
+        if thread.is_alive():
+            # name what it waits on: a test waiting for its effects would only time out
+            raise AssertionError(f"the agent did not stop within 60 s:\n{_stuck(thread)}")
+
+
+def _stuck(thread: threading.Thread) -> str:
+    """A stuck server thread's stack and its event loop's pending tasks."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    if frame is None:
+        return "(the thread has no frame)"
+    parts = ["".join(traceback.format_stack(frame))]
+    while frame is not None:
+        loop = frame.f_locals.get("self")
+        if isinstance(loop, asyncio.AbstractEventLoop):
+            for task in asyncio.all_tasks(loop):
+                out = io.StringIO()
+                task.print_stack(file=out)
+                parts.append(out.getvalue())
+            break
+        frame = frame.f_back
+    return "\n".join(parts)
 
 
 def copy_models(
