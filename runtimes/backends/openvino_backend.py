@@ -92,6 +92,14 @@ class OpenVinoBackend(Runtime):
         config.update(placement.options)
         return config
 
+    def compiled_property(self, name: str) -> Any:
+        """What OpenVINO settled on for the loaded model (``ENABLE_CPU_PINNING``,
+        ``INFERENCE_NUM_THREADS``, ``NUM_STREAMS``, ``INFERENCE_PRECISION_HINT``...), which
+        may differ from what was asked."""
+        if self._compiled is None:
+            raise RuntimeError("openvino: no model loaded")
+        return self._compiled.get_property(name)
+
     def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
             with self._lock:  # an InferRequest runs one inference at a time

@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from runtimes.backends import BACKENDS, open_model
+from runtimes.backends.openvino_backend import OpenVinoBackend
 from runtimes.base import Placement
 from runtimes.errors import (
     DeviceUnavailableError,
@@ -300,10 +301,11 @@ def test_openvino_threads_split_between_models_are_not_pinned(example_repo: Path
     pinned = open_model(
         model, Placement(runtime="openvino", options={"ENABLE_CPU_PINNING": True}), split
     )
+    assert isinstance(free, OpenVinoBackend) and isinstance(pinned, OpenVinoBackend)
     try:
-        assert free._compiled.get_property("ENABLE_CPU_PINNING") is False
-        assert pinned._compiled.get_property("ENABLE_CPU_PINNING") is True
-        assert free._compiled.get_property("INFERENCE_NUM_THREADS") == 1
+        assert free.compiled_property("ENABLE_CPU_PINNING") is False
+        assert pinned.compiled_property("ENABLE_CPU_PINNING") is True
+        assert free.compiled_property("INFERENCE_NUM_THREADS") == 1
         assert golden.mismatches(free.infer(golden.inputs)) == []
     finally:
         free.close()
