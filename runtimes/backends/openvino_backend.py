@@ -83,8 +83,8 @@ class OpenVinoBackend(Runtime):
                 config["INFERENCE_PRECISION_HINT"] = s.openvino_cpu_precision
             if s.intra_op_threads:
                 config["INFERENCE_NUM_THREADS"] = s.intra_op_threads
-                # Fewer threads than cores: other compiled models share this process's cores
-                # (the agent's instances of a model split them). Pinned, OpenVINO ran them all
+                # A thread count set here means other compiled models share this process's
+                # cores (the agent's instances of a model split them). Pinned, OpenVINO ran them all
                 # on the same core: three instances of cnn served 120 rows/s on 1.0 of two
                 # cores, 238 on 1.95 unpinned (2026-12-04, AMD EPYC, f32). The kernel places
                 # them; a profile's options may still pin.
