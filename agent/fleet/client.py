@@ -14,7 +14,9 @@ import logging
 import random
 import ssl
 import uuid
+from collections.abc import Awaitable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -48,6 +50,7 @@ from runtimes.formats import ModelFormat
 from runtimes.hardware.context import HardwareContext
 
 log = logging.getLogger("edgefleet.agent.fleet")
+T = TypeVar("T")
 SESSION_EXPIRY_S = 24 * 3600
 """Broker-side session kept for an offline device, so QoS 1 commands wait for it."""
 REMEMBERED_COMMANDS = 200
@@ -181,9 +184,11 @@ class FleetClient:
         topics = self.topics
         # The trust root first: its retained copy then arrives before the retained desired
         # state, so manifests signed by a newly announced key verify on the first pass.
-        await client.subscribe(topics.trust, qos=1)
-        await client.subscribe(
-            [(topics.desired(self.device_id), 1), (topics.commands(self.device_id), 1)]
+        await uncancelled(client.subscribe(topics.trust, qos=1))
+        await uncancelled(
+            client.subscribe(
+                [(topics.desired(self.device_id), 1), (topics.commands(self.device_id), 1)]
+            )
         )
         self._status_dirty = True
         self.connected.set()
@@ -292,16 +297,18 @@ class FleetClient:
             self._wake.clear()
             if self._status_dirty:
                 self._status_dirty = False
-                await client.publish(
-                    self.topics.status(self.device_id),
-                    self._status(online=True),
-                    qos=1,
-                    retain=True,
-                    timeout=10,
+                await uncancelled(
+                    client.publish(
+                        self.topics.status(self.device_id),
+                        self._status(online=True),
+                        qos=1,
+                        retain=True,
+                        timeout=10,
+                    )
                 )
             batch = self.outbox.oldest(64)
             for item in batch:
-                await client.publish(item.topic, item.payload, qos=1, timeout=10)
+                await uncancelled(client.publish(item.topic, item.payload, qos=1, timeout=10))
                 self.outbox.ack([item.id])
             if not batch and not self._status_dirty:
                 await self._wake.wait()
@@ -442,3 +449,22 @@ def _schema_version(payload: bytes) -> object:
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return None
     return doc.get("schema_version") if isinstance(doc, dict) else None
+
+
+async def uncancelled(call: Awaitable[T]) -> T:
+    """Await an aiomqtt call, and raise the cancellation it may have swallowed.
+
+    aiomqtt waits through ``asyncio.wait_for``, which on Python 3.11 returns the call's result
+    when the call completes in the same step as the task's cancellation, and drops the
+    cancellation (NOTE: https://github.com/python/cpython/issues/86296, fixed in 3.12). The
+    drain loop then went back to waiting for work, its session never ended, and a stopped agent
+    neither stopped nor said goodbye (a test agent caught stuck in ``_drain`` by the fixture's
+    60 s stop check, 2026-12-04). Its callers never catch a cancellation to carry on, so one
+    requested of their task while the call ran is always meant to stop it."""
+    task = asyncio.current_task()
+    # counted from here: a task that lived through a TaskGroup's failure may carry an older count
+    requested = task.cancelling() if task is not None else 0
+    result = await call
+    if task is not None and task.cancelling() > requested:
+        raise asyncio.CancelledError
+    return result
