@@ -399,7 +399,8 @@ class Ingestor:
                 if unacked >= self.ack_window:
                     break  # queue empty; the broker sends no more until these are acknowledged
                 try:
-                    item = await asyncio.wait_for(self._queue.get(), remaining)
+                    async with asyncio.timeout(remaining):
+                        item = await self._queue.get()
                 except TimeoutError:
                     break
                 batch.append(item)

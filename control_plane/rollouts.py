@@ -295,7 +295,8 @@ class RolloutEngine:
             # a step reads the whole rollout: at most two a tick, whatever the event rate
             await asyncio.sleep(min(self.tick_s / 2, max(0.0, next_tick - time.monotonic())))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, next_tick - time.monotonic()))
+                async with asyncio.timeout(max(0.0, next_tick - time.monotonic())):
+                    await self._wake.wait()
 
     async def _step_logged(self, rollout_id: int) -> None:
         try:

@@ -13,6 +13,7 @@ update back to be tried again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import time
@@ -300,10 +301,10 @@ class Updater:
             if remaining <= 0:
                 break
             stats.failed.clear()
-            try:  # woken by a failure to re-check the error budget, else at the window's end
-                await asyncio.wait_for(stats.failed.wait(), remaining)
-            except TimeoutError:
-                pass
+            # woken by a failure to re-check the error budget, else at the window's end
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await stats.failed.wait()
         requests = stats.success.count + stats.fail.count
         if baseline and requests >= criteria.min_requests:
             new_p99 = (stats.latency_percentiles(started, (99,)) or [0.0])[0]
