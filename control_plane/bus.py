@@ -41,6 +41,9 @@ class FleetBus:
         self.ingestor = ingestor
         self.topics = Topics(settings.topic_prefix)
         self.connected = asyncio.Event()
+        self.listening_since: datetime | None = None
+        """When the current broker session began (None: not connected): device silence is
+        counted from here at the earliest (control_plane.presence)."""
         self._retained: OrderedDict[str, bytes] = OrderedDict()
         """Latest payload per retained topic not yet acknowledged (newer replaces older)."""
         self._commands: list[tuple[str, bytes]] = []
@@ -109,6 +112,7 @@ class FleetBus:
                     await self._session(conn)
                 finally:
                     self.connected.clear()
+                    self._listening(None)
                     await conn.aclose()
             except (mqttwire.MqttError, OSError) as exc:
                 log.warning(
@@ -159,6 +163,7 @@ class FleetBus:
             ]
         )
         self._conn = conn
+        self._listening(datetime.now(UTC))
         self.connected.set()
         log.info("connected to the broker")
         sender = asyncio.create_task(self._send(conn), name="mqtt-send")
@@ -170,6 +175,10 @@ class FleetBus:
         if sender.done() and not sender.cancelled() and (error := sender.exception()):
             raise error  # a publish failed (MqttError: reconnect) or a bug (not hidden)
         raise mqttwire.MqttError(conn.close_reason or "connection closed")
+
+    def _listening(self, since: datetime | None) -> None:
+        self.listening_since = since
+        self.ingestor.metrics.listening_since = since
 
     def _maybe_resume(self) -> None:
         conn = self._conn

@@ -336,17 +336,29 @@ def register_operator_commands(root: click.Group) -> None:
     @devices.command("list")
     @click.option("--label", multiple=True, help="key=value (repeatable)")
     @click.option("--profile")
-    @click.option("--online/--offline", default=None)
+    @click.option(
+        "--online/--offline",
+        default=None,
+        help="online: its last status says so and it was heard from lately",
+    )
+    @click.option("--silent", is_flag=True, help="only devices online by status but silent")
     @click.option("--json", "as_json", is_flag=True)
     def list_devices(
-        label: tuple[str, ...], profile: str | None, online: bool | None, as_json: bool
+        label: tuple[str, ...],
+        profile: str | None,
+        online: bool | None,
+        silent: bool,
+        as_json: bool,
     ) -> None:
-        """Devices, filtered by labels, profile and presence."""
+        """Devices, filtered by labels, profile and presence (online, offline, or silent: online
+        by its last status, but nothing heard from it for longer than its limit)."""
         params: dict[str, Any] = {"label": list(label)}
         if profile:
             params["profile"] = profile
         if online is not None:
             params["online"] = str(online).lower()
+        if silent:
+            params["presence"] = "silent"
         doc = Api().call("GET", "/api/v1/devices", params=params)
         if as_json:
             _print(doc, True)
@@ -355,7 +367,7 @@ def register_operator_commands(root: click.Group) -> None:
             served = ", ".join(f"{m['model']} v{m['version']}" for m in d["models"])
             labels = ",".join(f"{k}={v}" for k, v in sorted(d["labels"].items()))
             click.echo(
-                f"{d['id']:<20} {'online ' if d['online'] else 'offline'} "
+                f"{d['id']:<20} {d['presence']:<7} "
                 f"{d['hardware_profile'] or '?':<20} "
                 f"{labels:<30} {served}"
             )

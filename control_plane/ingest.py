@@ -472,25 +472,27 @@ class Ingestor:
         devices: list[tuple[Any, ...]] = []
         events: list[UpdateEvent] = []
         statuses: list[DeviceStatus] = []
+        # last_seen is the control plane's time, not the message's: presence must not depend
+        # on the device's clock, and a backlog a device drains was heard now
+        now = datetime.now(UTC)
         seen: dict[str, datetime] = {}
         for kind, message, _ in batch:
             if kind == "event":
                 events.append(message)
+                seen[message.device_id] = now
                 continue
             if kind == "status":
                 statuses.append(message)
                 continue
-            device_row, sample_rows, at = message
-            device_id = device_row[DEVICE_ID]
-            if (before := seen.get(device_id)) is None or at > before:
-                seen[device_id] = at
+            device_row, sample_rows, _at = message
+            seen[device_row[DEVICE_ID]] = now
             devices.append(device_row)
             samples.extend(sample_rows)
         came_online: list[str] = []
         started = time.perf_counter()
         async with self.sessions.begin() as session:
             if statuses:
-                came_online = await self._presence(session, statuses)
+                came_online = await self._presence(session, statuses, now)
             ready = PREPARED if self._driver_time is not None else frozenset()
             await insert_rows(
                 session, DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS, devices, prepared=ready
@@ -524,14 +526,19 @@ class Ingestor:
         self._seen_written |= seen
         self.stored += len(batch)
         self.metrics.ingested(per_version(samples), len(devices), len(events))
+        self.metrics.heard(seen, now)
         for status in statuses:
-            self.metrics.set_online(status.device_id, status.online)
+            self.metrics.set_online(
+                status.device_id, status.online, status.telemetry_interval_s, now
+            )
         for device_id in came_online:
             for callback in self.on_device_online:
                 await callback(device_id)
 
     @staticmethod
-    async def _presence(session: AsyncSession, statuses: list[DeviceStatus]) -> list[str]:
+    async def _presence(
+        session: AsyncSession, statuses: list[DeviceStatus], now: datetime
+    ) -> list[str]:
         """Apply birth and will messages in order; return the devices that came online."""
         ids = sorted({s.device_id for s in statuses})
         known: dict[str, Device] = {}
@@ -540,7 +547,6 @@ class Ingestor:
                 select(Device).where(Device.id.in_(ids[start : start + 1000]))
             )
             known |= {d.id: d for d in rows.scalars()}
-        now = datetime.now(UTC)
         came_online: list[str] = []
         for status in statuses:
             device = known.get(status.device_id)
@@ -566,6 +572,7 @@ class Ingestor:
                 device.agent_version = status.agent_version
                 device.reported_labels = dict(status.labels)
                 device.models = [m.model_dump() for m in status.models]
+                device.telemetry_interval_s = status.telemetry_interval_s
         return came_online
 
 

@@ -15,6 +15,7 @@ from control_plane.db.session import make_engine, migrate, session_factory
 from control_plane.ingest import Ingestor
 from control_plane.keys import KeyRing, load_or_create_key
 from control_plane.metrics import FleetMetrics
+from control_plane.presence import SilenceRule
 from control_plane.registry import ArtifactStore
 from control_plane.rollouts import RolloutEngine
 from control_plane.settings import ControlPlaneSettings
@@ -34,7 +35,9 @@ def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
         load_or_create_key(settings.root_key_file or keys_dir / "root.pem"),
         manifest_path,
     )
-    metrics = FleetMetrics()
+    metrics = FleetMetrics(
+        SilenceRule(settings.presence_timeout_s, settings.last_seen_resolution_s)
+    )
     ingestor = Ingestor(
         sessions,
         metrics,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from prometheus_client import (
     CollectorRegistry,
@@ -15,6 +16,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from control_plane.presence import Presence, SilenceRule
 
 
 @dataclass
@@ -28,7 +31,9 @@ class VersionSums:
 
 
 class FleetMetrics:
-    def __init__(self) -> None:
+    def __init__(self, silence: SilenceRule | None = None) -> None:
+        """``silence``: when an online device that has gone quiet counts as silent (default:
+        never)."""
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         r = self.registry
@@ -86,12 +91,26 @@ class FleetMetrics:
             buckets=(1, 10, 100, 1_000, 5_000, 10_000, 20_000, 50_000),
             registry=r,
         )
-        self._online: dict[str, bool] = {}
+        self.silence = silence or SilenceRule(0)
+        self.listening_since: datetime | None = None
+        """When the control plane's broker session began (set by the bus; None: not
+        connected)."""
+        self._status: dict[str, tuple[bool, float | None]] = {}
+        """Per device: online by its last status, and the telemetry interval it announced."""
+        self._heard: dict[str, datetime] = {}
         self.rollout_states: dict[str, int] = {}
         r.register(_StateCollector(self))
 
-    def set_online(self, device_id: str, online: bool) -> None:
-        self._online[device_id] = online
+    def set_online(
+        self, device_id: str, online: bool, interval_s: float | None, at: datetime
+    ) -> None:
+        """A device's status message, stored at ``at``."""
+        self._status[device_id] = (online, interval_s)
+        self._heard[device_id] = at
+
+    def heard(self, seen: Mapping[str, datetime], at: datetime) -> None:
+        """Devices whose messages were stored at ``at``."""
+        self._heard.update(dict.fromkeys(seen, at))
 
     def rejected(self, topic: str, code: str) -> None:
         self.rejects.labels(topic, code).inc()
@@ -115,13 +134,30 @@ class FleetMetrics:
         return generate_latest(self.registry)
 
     def collect_state(self) -> Iterator[GaugeMetricFamily]:
+        now = datetime.now(UTC)
+        counts = dict.fromkeys(Presence, 0)
+        for device_id, (online, interval_s) in self._status.items():
+            presence = self.silence.presence(
+                online,
+                self._heard.get(device_id),
+                interval_s,
+                now=now,
+                listening_since=self.listening_since,
+            )
+            counts[presence] += 1
         yield GaugeMetricFamily(
             "edgefleet_devices_online",
-            "Devices whose last status is online",
-            value=sum(self._online.values()),
+            "Devices whose last status is online and that were heard from lately",
+            value=counts[Presence.ONLINE],
         )
         yield GaugeMetricFamily(
-            "edgefleet_devices_known", "Devices that ever reported", value=len(self._online)
+            "edgefleet_devices_silent",
+            "Devices whose last status is online but that have been silent for longer than their"
+            " limit (presence_timeout_s, or three telemetry intervals)",
+            value=counts[Presence.SILENT],
+        )
+        yield GaugeMetricFamily(
+            "edgefleet_devices_known", "Devices that ever reported", value=len(self._status)
         )
         family = GaugeMetricFamily("edgefleet_rollouts", "Rollouts by state", labels=["state"])
         for state, n in sorted(self.rollout_states.items()):

@@ -89,6 +89,11 @@ class ControlPlaneSettings(BaseSettings):
     fleet's telemetry)."""
     last_seen_resolution_s: float = Field(default=5.0, ge=0)
     """A device's ``last_seen`` in the inventory is rewritten once it has moved this far."""
+    presence_timeout_s: float = Field(default=60.0, ge=0)
+    """A device whose last status is online but from which nothing has come for longer than
+    this, or than three of the telemetry intervals it announced if that is longer, is shown as
+    silent, not online (its last will may never have been published; control_plane.presence).
+    0 turns the check off."""
     validation_rtol: float = Field(default=1e-3, gt=0)
     validation_atol: float = Field(default=1e-3, gt=0)
     accuracy_margin: float = Field(default=0.01, ge=0)

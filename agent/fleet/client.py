@@ -243,6 +243,7 @@ class FleetClient:
             labels=dict(self.settings.labels),
             models=models,
             sent_at=datetime.now(UTC),
+            telemetry_interval_s=self.settings.telemetry_interval_s,
         )
         return status.model_dump_json(exclude_none=True).encode()
 

@@ -175,6 +175,9 @@ class DeviceStatus(_Message):
     labels: dict[str, str] = Field(default_factory=dict)
     models: list[ServedModel] = Field(default_factory=list)
     sent_at: datetime | None = None
+    telemetry_interval_s: float | None = Field(default=None, gt=0)
+    """How often the device publishes telemetry: the control plane shows an online device it has
+    not heard from for several of these as silent (its will may never have been published)."""
 
 
 class UpdateState(StrEnum):

@@ -25,13 +25,26 @@ from control_plane.api.deps import (
 from control_plane.auth import Principal
 from control_plane.db.models import Device, Rollout, RolloutDevice, TelemetrySample
 from control_plane.errors import Invalid, NotFound
+from control_plane.presence import Presence
 from control_plane.rollouts import RolloutSpec
 
 router = APIRouter(prefix="/api/v1", tags=["Fleet"])
 LABELS = Query(default=[], description="key=value; repeat for several")
 
 
-def device_doc(d: Device) -> dict[str, Any]:
+def presence_of(request: Request, d: Device, now: datetime | None = None) -> Presence:
+    """``d``'s presence: its last status, checked against how long it has been silent."""
+    svc = services(request)
+    return svc.metrics.silence.presence(
+        d.online,
+        d.last_seen,
+        d.telemetry_interval_s,
+        now=now or datetime.now(UTC),
+        listening_since=svc.bus.listening_since,
+    )
+
+
+def device_doc(d: Device, presence: Presence) -> dict[str, Any]:
     return {
         "id": d.id,
         "hardware_profile": d.hardware_profile,
@@ -40,9 +53,18 @@ def device_doc(d: Device) -> dict[str, Any]:
         "reported_labels": d.reported_labels,
         "operator_labels": d.operator_labels,
         "models": d.models,
-        "online": d.online,
-        "last_seen": d.last_seen.isoformat() if d.last_seen else None,
+        "online": presence is Presence.ONLINE,
+        "presence": presence.value,
+        "last_seen": _utc_iso(d.last_seen),
+        "telemetry_interval_s": d.telemetry_interval_s,
     }
+
+
+def _utc_iso(at: datetime | None) -> str | None:
+    """``at`` in ISO 8601 with its zone: SQLite gives the UTC time back without one."""
+    if at is None:
+        return None
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).isoformat()
 
 
 def _selector(pairs: list[str]) -> dict[str, str]:
@@ -59,31 +81,40 @@ def _selector(pairs: list[str]) -> dict[str, str]:
     "/devices", summary="Devices, filtered by labels (label=key=value), profile and presence"
 )
 async def list_devices(
+    request: Request,
     label: list[str] = LABELS,
     profile: str | None = None,
-    online: bool | None = None,
+    online: bool | None = Query(
+        default=None, description="online: its last status says so and it was heard lately"
+    ),
+    presence: Presence | None = None,
     s: AsyncSession = SESSION,
     _: Principal = VIEWER,
 ) -> Response:
     wanted = _selector(label)
-    devices = (await s.execute(select(Device).order_by(Device.id))).scalars()
-    return json_response(
-        [
-            device_doc(d)
-            for d in devices
-            if all(d.labels.get(k) == v for k, v in wanted.items())
-            and (profile is None or d.hardware_profile == profile)
-            and (online is None or d.online == online)
-        ]
-    )
+    now = datetime.now(UTC)
+    docs = []
+    for d in (await s.execute(select(Device).order_by(Device.id))).scalars():
+        if any(d.labels.get(k) != v for k, v in wanted.items()) or (
+            profile is not None and d.hardware_profile != profile
+        ):
+            continue
+        state = presence_of(request, d, now)
+        if (online is None or (state is Presence.ONLINE) == online) and (
+            presence is None or state is presence
+        ):
+            docs.append(device_doc(d, state))
+    return json_response(docs)
 
 
 @router.get("/devices/{device_id}", summary="One device")
-async def show_device(device_id: str, s: AsyncSession = SESSION, _: Principal = VIEWER) -> Response:
+async def show_device(
+    request: Request, device_id: str, s: AsyncSession = SESSION, _: Principal = VIEWER
+) -> Response:
     device = await s.get(Device, device_id)
     if device is None:
         raise NotFound(f"no device {device_id!r}")
-    return json_response(device_doc(device))
+    return json_response(device_doc(device, presence_of(request, device)))
 
 
 class LabelChange(BaseModel):
@@ -93,7 +124,11 @@ class LabelChange(BaseModel):
 
 @router.patch("/devices/{device_id}/labels", summary="Add, change or remove operator labels")
 async def set_labels(
-    device_id: str, body: LabelChange, s: AsyncSession = SESSION, who: Principal = OPERATOR
+    request: Request,
+    device_id: str,
+    body: LabelChange,
+    s: AsyncSession = SESSION,
+    who: Principal = OPERATOR,
 ) -> Response:
     device = await s.get(Device, device_id)
     if device is None:
@@ -107,7 +142,7 @@ async def set_labels(
     device.operator_labels = labels
     audit.record(s, who.name, "device.labels", device_id, labels=body.labels)
     await s.commit()
-    return json_response(device_doc(device))
+    return json_response(device_doc(device, presence_of(request, device)))
 
 
 def rollout_doc(r: Rollout) -> dict[str, Any]:

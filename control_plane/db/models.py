@@ -87,6 +87,9 @@ class Device(Base):
     """What the device serves: [{model, version, sequence}]"""
     online: Mapped[bool] = mapped_column(Boolean, default=False)
     last_seen: Mapped[datetime | None] = mapped_column(nullable=True)
+    """When the control plane last heard from the device (its clock, not the device's)."""
+    telemetry_interval_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """How often the device said it publishes telemetry (its birth message)."""
     desired: Mapped[dict[str, Any]] = mapped_column(default=dict)
     """Per model, the signed manifest envelope this device should converge to."""
 
