@@ -154,8 +154,16 @@ class FleetClient:
         if v5:
             properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             properties.SessionExpiryInterval = SESSION_EXPIRY_S
+        will_properties = None
+        if v5 and s.will_delay_s:
+            will_properties = Properties(PacketTypes.WILLMESSAGE)  # type: ignore[no-untyped-call]
+            will_properties.WillDelayInterval = s.will_delay_s
         will = aiomqtt.Will(
-            self.topics.status(self.device_id), self._status(online=False), qos=1, retain=True
+            self.topics.status(self.device_id),
+            self._status(online=False),
+            qos=1,
+            retain=True,
+            properties=will_properties,
         )
         return aiomqtt.Client(
             host,

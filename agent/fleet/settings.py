@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from agent.protocol.topics import valid_device_id
 
@@ -31,6 +31,10 @@ class FleetSettings(BaseModel):
     max_message_bytes: int = Field(default=2**20, gt=0)
     """Larger MQTT messages (desired state, command, trust root) are refused unread."""
     keepalive_s: int = Field(default=30, ge=5)
+    will_delay_s: int = Field(default=0, ge=0, le=24 * 3600)
+    """MQTT 5: the broker publishes the device's last will (offline) only if it has not
+    reconnected within this many seconds, so a brief drop of the link or a quick restart does
+    not show it offline and back. 0: at once. A clean shutdown says offline itself, at once."""
     labels: dict[str, str] = Field(default_factory=dict)
     """Reported in the birth message; rollouts select on them (site, group...)."""
     state_dir: Path = Path("var/agent-state")
@@ -65,6 +69,12 @@ class FleetSettings(BaseModel):
             if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
                 raise ValueError("expected mqtt://host[:port] or mqtts://host[:port]")
         return value
+
+    @model_validator(mode="after")
+    def _will_delay_needs_v5(self) -> FleetSettings:
+        if self.will_delay_s and self.mqtt_protocol != "5":
+            raise ValueError("will_delay_s needs mqtt_protocol 5 (MQTT 3.1.1 has no will delay)")
+        return self
 
     @property
     def enabled(self) -> bool:

@@ -87,3 +87,14 @@ def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
     assert "edge-x86: v2 on onnxruntime_onnx" in out and "edge-pi: v2 on litert_tflite" in out
     assert "rollout 2: rolled_back: error rate" in out
     assert "serving now: edge-x86 v2, edge-pi v2" in out and out.rstrip().endswith("== done")
+
+
+def test_will_delay_without_mqtt_5_is_a_startup_error(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        f'model_repository = "{tmp_path}"\n[fleet]\nmqtt_url = "mqtt://127.0.0.1:1"\n'
+        'mqtt_protocol = "3.1.1"\nwill_delay_s = 5\n'
+    )
+    result = edgefleet("agent", "--config", str(config), check=False)
+    assert result.returncode != 0
+    assert "will_delay_s needs mqtt_protocol 5" in result.stderr

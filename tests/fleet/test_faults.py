@@ -4,11 +4,14 @@ the agent SIGKILLed during a download and during a switch, telemetry while the b
 from __future__ import annotations
 
 import threading
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import tomli_w
 
+from agent.protocol.messages import DeviceStatus
 from runtimes.examples.variants import mlp_version
 from tests.agent.process import AgentProcess, agent_process
 from tests.agent.server import copy_models, wait_until
@@ -189,3 +192,33 @@ def test_telemetry_while_the_broker_is_down_arrives_after_reconnect_none_lost(
         m.requests for t in fleet.telemetry("dev-1") for m in t.models if m.model == "mlp"
     )
     assert counted >= 20  # the offline traffic was reported after reconnect
+
+
+def test_will_delay_a_quick_restart_shows_no_offline_and_a_device_that_stays_away_does(
+    fleet: Fleet, broker: Mosquitto, example_repo: Path, tmp_path: Path
+) -> None:
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    delay_s = 8
+    config = _process_config(tmp_path, fleet, broker, repo, will_delay_s=delay_s)
+    with agent_process("--config", str(config)) as agent:
+        fleet.wait(lambda: [s for s in fleet.statuses("dev-k") if s.online], what="the birth")
+        agent.proc.kill()  # a crash: no goodbye, only the will
+        agent.proc.wait(timeout=30)
+        killed_at, killed_wall = time.monotonic(), datetime.now(UTC)
+
+    def since_crash() -> list[DeviceStatus]:
+        return [s for s in fleet.statuses("dev-k") if s.sent_at and s.sent_at > killed_wall]
+
+    def offline() -> list[DeviceStatus]:  # the will is the birth's twin, sent_at and all
+        return [s for s in fleet.statuses("dev-k") if not s.online]
+
+    config = _process_config(tmp_path, fleet, broker, repo, will_delay_s=1)
+    with agent_process("--config", str(config)) as agent:  # the same device, back at once
+        fleet.wait(since_crash, what="the birth after the restart")
+        # Something that must not happen is waited for past its time: the first will was due
+        # delay_s after the crash, and the device resumed its session before that.
+        time.sleep(max(0.0, killed_at + delay_s + 2 - time.monotonic()))
+        assert offline() == []
+        agent.proc.kill()  # and now it stays away
+        agent.proc.wait(timeout=30)
+    fleet.wait(offline, what="the last will, a second after the crash")
