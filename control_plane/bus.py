@@ -41,9 +41,6 @@ class FleetBus:
         self.ingestor = ingestor
         self.topics = Topics(settings.topic_prefix)
         self.connected = asyncio.Event()
-        self.listening_since: datetime | None = None
-        """When the current broker session began (None: not connected): device silence is
-        counted from here at the earliest (control_plane.presence)."""
         self._retained: OrderedDict[str, bytes] = OrderedDict()
         """Latest payload per retained topic not yet acknowledged (newer replaces older)."""
         self._commands: list[tuple[str, bytes]] = []
@@ -177,7 +174,7 @@ class FleetBus:
         raise mqttwire.MqttError(conn.close_reason or "connection closed")
 
     def _listening(self, since: datetime | None) -> None:
-        self.listening_since = since
+        """Device silence is counted from when the broker session began (control_plane.presence)."""
         self.ingestor.metrics.listening_since = since
 
     def _maybe_resume(self) -> None:

@@ -446,6 +446,7 @@ class Ingestor:
                 if not database_unavailable(exc):
                     raise
                 failures += 1
+                self.metrics.storing_since = None  # device silence is not counted meanwhile
                 if failures == 1:
                     log.warning(
                         "database unavailable, holding device messages",
@@ -456,6 +457,8 @@ class Ingestor:
                 continue
             if failures:
                 log.info("database back", extra={"what": what, "failed_attempts": failures})
+            if self.metrics.storing_since is None:
+                self.metrics.storing_since = datetime.now(UTC)
             return
 
     async def _notify(self, events: list[UpdateEvent]) -> None:

@@ -95,11 +95,23 @@ class FleetMetrics:
         self.listening_since: datetime | None = None
         """When the control plane's broker session began (set by the bus; None: not
         connected)."""
+        self.storing_since: datetime | None = datetime.now(UTC)
+        """When the database last came back (set by the ingest; None: unavailable now, device
+        messages wait unstored)."""
         self._status: dict[str, tuple[bool, float | None]] = {}
         """Per device: online by its last status, and the telemetry interval it announced."""
         self._heard: dict[str, datetime] = {}
         self.rollout_states: dict[str, int] = {}
         r.register(_StateCollector(self))
+
+    @property
+    def hearing_since(self) -> datetime | None:
+        """Since when device messages both arrive and are stored (None: one of them stopped):
+        silence is counted from here at the earliest, so a control plane that could not hear
+        or store does not blame the devices."""
+        if self.listening_since is None or self.storing_since is None:
+            return None
+        return max(self.listening_since, self.storing_since)
 
     def set_online(
         self, device_id: str, online: bool, interval_s: float | None, at: datetime
@@ -142,7 +154,7 @@ class FleetMetrics:
                 self._heard.get(device_id),
                 interval_s,
                 now=now,
-                listening_since=self.listening_since,
+                hearing_since=self.hearing_since,
             )
             counts[presence] += 1
         yield GaugeMetricFamily(

@@ -13,8 +13,9 @@ Either way the inventory would show the device online until it came back. So an 
 from which the control plane has heard nothing (no telemetry, event or status) for longer than
 its silence limit is shown as ``silent``, and not online: the limit is the larger of
 ``presence_timeout_s`` and three of the telemetry intervals the device announced. Silence is
-counted only while the control plane listens to the broker: after its own restart or a lost
-broker connection, every device gets a full limit from the moment it listens again.
+counted only while the control plane listens to the broker and stores what arrives
+(``FleetMetrics.hearing_since``): after its own restart, a lost broker connection or a database
+outage, every device gets a full limit from the moment it hears again.
 """
 
 from __future__ import annotations
@@ -58,18 +59,18 @@ class SilenceRule:
         interval_s: float | None,
         *,
         now: datetime,
-        listening_since: datetime | None,
+        hearing_since: datetime | None,
     ) -> Presence:
         """A device's presence at ``now`` (aware, UTC). ``last_seen`` without a zone is UTC
-        (SQLite drops it); ``listening_since`` is when the control plane's broker session
-        began (None: not connected, so silence cannot be told from a lost connection and the
-        status stands)."""
+        (SQLite drops it); ``hearing_since`` is since when the control plane has heard and
+        stored device messages (None: it cannot now, so silence cannot be told from its own
+        deafness and the status stands)."""
         if not online:
             return Presence.OFFLINE
         limit = self.limit(interval_s)
-        if limit is None or listening_since is None:
+        if limit is None or hearing_since is None:
             return Presence.ONLINE
-        heard = listening_since
+        heard = hearing_since
         if last_seen is not None:
             heard = max(heard, last_seen if last_seen.tzinfo else last_seen.replace(tzinfo=UTC))
         return Presence.SILENT if now - heard > limit else Presence.ONLINE

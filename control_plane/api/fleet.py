@@ -40,7 +40,7 @@ def presence_of(request: Request, d: Device, now: datetime | None = None) -> Pre
         d.last_seen,
         d.telemetry_interval_s,
         now=now or datetime.now(UTC),
-        listening_since=svc.bus.listening_since,
+        hearing_since=svc.metrics.hearing_since,
     )
 
 

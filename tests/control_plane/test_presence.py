@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from control_plane.metrics import FleetMetrics
 from control_plane.presence import Presence, SilenceRule
 from tests.access.metrics import value
 from tests.access.mqtt_client import ProbeClient
@@ -100,7 +101,7 @@ def ago(seconds: float) -> datetime:
 
 
 @pytest.mark.parametrize(
-    ("online", "last_seen", "interval_s", "listening_since", "expected"),
+    ("online", "last_seen", "interval_s", "hearing_since", "expected"),
     [
         (False, ago(1), 10.0, ago(3600), Presence.OFFLINE),
         (False, ago(3600), 10.0, ago(7200), Presence.OFFLINE),  # offline is never silent
@@ -125,17 +126,44 @@ def test_silence_rule(
     online: bool,
     last_seen: datetime | None,
     interval_s: float | None,
-    listening_since: datetime | None,
+    hearing_since: datetime | None,
     expected: Presence,
 ) -> None:
-    got = RULE.presence(online, last_seen, interval_s, now=NOW, listening_since=listening_since)
+    got = RULE.presence(online, last_seen, interval_s, now=NOW, hearing_since=hearing_since)
     assert got is expected
 
 
 def test_silence_check_off() -> None:
     off = SilenceRule(timeout_s=0)
     assert off.limit(10.0) is None
-    assert off.presence(True, ago(86400), 10.0, now=NOW, listening_since=ago(90000)) is (
+    assert off.presence(True, ago(86400), 10.0, now=NOW, hearing_since=ago(90000)) is (
         Presence.ONLINE
     )
     assert RULE.limit(30.0) == timedelta(seconds=95)
+
+
+def test_silence_is_not_counted_while_the_control_plane_cannot_hear_or_store() -> None:
+    metrics = FleetMetrics(SilenceRule(timeout_s=60))
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    metrics.set_online("dev-1", True, 10.0, hour_ago)  # its birth, an hour ago, then nothing
+    metrics.set_online("dev-2", False, 10.0, hour_ago)
+
+    def gauges() -> tuple[float, float]:
+        exposition = metrics.render().decode()
+        return (
+            value(exposition, "edgefleet_devices_online"),
+            value(exposition, "edgefleet_devices_silent"),
+        )
+
+    metrics.listening_since = metrics.storing_since = hour_ago
+    assert gauges() == (0, 1)
+    metrics.storing_since = None  # the database is unavailable: messages wait unstored
+    assert gauges() == (1, 0)
+    metrics.storing_since = datetime.now(UTC)  # back: a full limit from now
+    assert metrics.hearing_since == metrics.storing_since and gauges() == (1, 0)
+    metrics.storing_since = hour_ago
+    metrics.listening_since = None  # the broker connection is lost
+    assert metrics.hearing_since is None and gauges() == (1, 0)
+    metrics.heard({"dev-1": datetime.now(UTC)}, datetime.now(UTC))
+    metrics.listening_since = hour_ago
+    assert gauges() == (1, 0)  # heard lately

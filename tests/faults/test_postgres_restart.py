@@ -87,6 +87,8 @@ def _outage(
     )
     health = httpx.get(f"{cp.url}/health", timeout=30)
     assert health.status_code == 503 and health.json()["database"] is False
+    # device messages that cannot be stored do not make their devices silent
+    wait_until(lambda: cp.services.metrics.hearing_since is None, what="silence not counted")
     down = len(probe.answers)
     postgres.start()
     try:
@@ -97,6 +99,7 @@ def _outage(
     except TimeoutError:
         raise AssertionError(f"the API did not recover: {probe.since(down)[-4:]}") from None
     assert httpx.get(f"{cp.url}/health", timeout=30).status_code == 200
+    wait_until(lambda: cp.services.metrics.hearing_since is not None, what="silence counted")
     return probe.since(mark)
 
 
