@@ -15,6 +15,7 @@ import logging
 import random
 import ssl
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -47,6 +48,12 @@ class FleetBus:
         self._wake = asyncio.Event()
         self.published = 0
         self._conn: mqttwire.Connection | None = None
+        self.on_broker_state_lost: list[Callable[[], Awaitable[object]]] = []
+        """Called when the broker, on a reconnect, kept no session for the control plane: it
+        lost its state (restarted without persistence, or replaced), and with it the retained
+        desired states and trust root, which these publish again."""
+        self._sessions = 0
+        self._resyncs: set[asyncio.Task[None]] = set()
         self._topics: dict[str, tuple[str, str]] = {}
         """Device topics parsed already: a dict lookup instead of a split and a regex match
         for every device message."""
@@ -162,7 +169,14 @@ class FleetBus:
         self._conn = conn
         self._listening(datetime.now(UTC))
         self.connected.set()
-        log.info("connected to the broker")
+        log.info("connected to the broker", extra={"session_present": conn.session_present})
+        self._sessions += 1
+        # The first session of this process follows the start-up, which published both.
+        if not conn.session_present and self._sessions > 1 and self.on_broker_state_lost:
+            log.warning("the broker kept no session: publishing the retained state again")
+            task = asyncio.create_task(self._resync(), name="mqtt-resync")
+            self._resyncs.add(task)
+            task.add_done_callback(self._resyncs.discard)
         sender = asyncio.create_task(self._send(conn), name="mqtt-send")
         try:
             await asyncio.wait([sender, conn.closed], return_when=asyncio.FIRST_COMPLETED)
@@ -172,6 +186,13 @@ class FleetBus:
         if sender.done() and not sender.cancelled() and (error := sender.exception()):
             raise error  # a publish failed (MqttError: reconnect) or a bug (not hidden)
         raise mqttwire.MqttError(conn.close_reason or "connection closed")
+
+    async def _resync(self) -> None:
+        for callback in self.on_broker_state_lost:
+            try:
+                await callback()
+            except Exception:  # one that fails (the database away) must not stop the others
+                log.exception("retained state not published again after a broker reset")
 
     def _listening(self, since: datetime | None) -> None:
         """Device silence is counted from when the broker session began (control_plane.presence)."""

@@ -61,7 +61,9 @@ def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
     ingestor.on_device_online.append(rollouts.on_device_online)
     store = ArtifactStore(settings.artifact_dir, settings.max_upload_bytes)
     services = Services(settings, sessions, store, keys, bus, ingestor, rollouts, metrics)
-    return services, TrustManager(sessions, keys, bus, settings.state_dir)
+    trust = TrustManager(sessions, keys, bus, settings.state_dir)
+    bus.on_broker_state_lost += [trust.ensure, rollouts.republish_desired]
+    return services, trust
 
 
 def run(settings: ControlPlaneSettings) -> None:

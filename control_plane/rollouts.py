@@ -271,13 +271,18 @@ class RolloutEngine:
 
     # -- the loop ---------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Republish what devices should run, then advance active rollouts on every tick."""
+    async def republish_desired(self) -> None:
+        """Publish every device's desired state again (retained): at start, and when the broker
+        lost what it retained."""
         async with self.sessions() as session:
             devices = (await session.execute(select(Device))).scalars().all()
         for device in devices:  # (JSON has no equality operator in PostgreSQL: filter here)
             if device.desired:
                 self._publish_desired(device)
+
+    async def run(self) -> None:
+        """Republish what devices should run, then advance active rollouts on every tick."""
+        await self.republish_desired()
         next_tick = time.monotonic()
         while True:
             self._wake.clear()
