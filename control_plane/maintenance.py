@@ -12,6 +12,7 @@ from sqlalchemy import Select, delete, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from control_plane.db.models import DeviceSample, TelemetryRollup, TelemetrySample
+from control_plane.db.session import stored_utc
 from control_plane.ingest import insert_ignore
 from control_plane.settings import ControlPlaneSettings
 
@@ -47,7 +48,7 @@ async def compact(
                 break
             buckets: dict[tuple[str, str, int, datetime], dict[str, Any]] = {}
             for r in rows:
-                t = r.time if r.time.tzinfo else r.time.replace(tzinfo=UTC)
+                t = stored_utc(r.time)
                 bucket = datetime.fromtimestamp(t.timestamp() // bucket_s * bucket_s, UTC)
                 b = buckets.setdefault(
                     (r.device_id, r.model, r.version, bucket),

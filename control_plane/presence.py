@@ -21,8 +21,10 @@ outage, every device gets a full limit from the moment it hears again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
+
+from control_plane.db.session import stored_utc
 
 SILENT_INTERVALS = 3
 """Telemetry intervals a device may miss before it counts as silent."""
@@ -72,5 +74,5 @@ class SilenceRule:
             return Presence.ONLINE
         heard = hearing_since
         if last_seen is not None:
-            heard = max(heard, last_seen if last_seen.tzinfo else last_seen.replace(tzinfo=UTC))
+            heard = max(heard, stored_utc(last_seen))
         return Presence.SILENT if now - heard > limit else Presence.ONLINE

@@ -38,6 +38,7 @@ from sqlalchemy.orm import selectinload
 from agent.protocol.messages import UpdateEvent
 from control_plane.bus import FleetBus
 from control_plane.db.models import Device, Model, Rollout, RolloutDevice, TelemetrySample
+from control_plane.db.session import stored_utc
 from control_plane.errors import Conflict, Invalid, NotFound
 from control_plane.keys import KeyRing
 from control_plane.manifests import build_manifest
@@ -122,7 +123,7 @@ def _utc(when: datetime | None) -> datetime:
     """A stored timestamp that must be set, as an aware UTC datetime."""
     if when is None:
         raise ValueError("timestamp is not set")
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
+    return stored_utc(when)
 
 
 class RolloutEngine:

@@ -24,6 +24,7 @@ from control_plane.api.deps import (
 )
 from control_plane.auth import Principal
 from control_plane.db.models import Device, Rollout, RolloutDevice, TelemetrySample
+from control_plane.db.session import stored_utc
 from control_plane.errors import Invalid, NotFound
 from control_plane.presence import Presence
 from control_plane.rollouts import RolloutSpec
@@ -55,16 +56,9 @@ def device_doc(d: Device, presence: Presence) -> dict[str, Any]:
         "models": d.models,
         "online": presence is Presence.ONLINE,
         "presence": presence.value,
-        "last_seen": _utc_iso(d.last_seen),
+        "last_seen": stored_utc(d.last_seen).isoformat() if d.last_seen else None,
         "telemetry_interval_s": d.telemetry_interval_s,
     }
-
-
-def _utc_iso(at: datetime | None) -> str | None:
-    """``at`` in ISO 8601 with its zone: SQLite gives the UTC time back without one."""
-    if at is None:
-        return None
-    return (at if at.tzinfo else at.replace(tzinfo=UTC)).isoformat()
 
 
 def _selector(pairs: list[str]) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 from alembic import command
@@ -20,6 +21,12 @@ SQLITE_CACHE_KIB = 64 * 1024
 SQLITE_MMAP_BYTES = 1024 * 2**20
 SQLITE_CHECKPOINT_PAGES = 10_000
 MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
+
+
+def stored_utc(at: datetime) -> datetime:
+    """A timestamp read back from the database, as an aware UTC datetime: SQLite keeps the
+    UTC wall time and drops the zone."""
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
 
 
 def sync_url(url: str) -> str:
