@@ -167,6 +167,7 @@ class FleetBus:
             ]
         )
         self._conn = conn
+        self.ingestor.metrics.reading_paused.set(0)  # a new connection reads
         self._listening(datetime.now(UTC))
         self.connected.set()
         log.info("connected to the broker", extra={"session_present": conn.session_present})
@@ -202,6 +203,7 @@ class FleetBus:
         conn = self._conn
         if conn is not None and conn.reading_paused and self.ingestor.queued <= self.queue_low:
             conn.resume_reading()
+            self.ingestor.metrics.reading_paused.set(0)
 
     def _on_message(self, topic: str, payload: bytes, ack: Ack | None) -> None:
         """One device message, as the connection reads it (synchronously: what the ingestor
@@ -212,6 +214,7 @@ class FleetBus:
         if ingestor.queued >= self.queue_high and conn is not None and not conn.reading_paused:
             conn.pause_reading()
             ingestor.metrics.read_pauses.inc()
+            ingestor.metrics.reading_paused.set(1)
         parsed = self._topics.get(topic)
         if parsed is None and (parsed := self.topics.parse(topic)) is not None:
             if len(self._topics) < TOPIC_CACHE_SIZE:

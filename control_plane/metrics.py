@@ -73,6 +73,12 @@ class FleetMetrics:
             "Times reading device messages stopped while the ingest queue was full",
             registry=r,
         )
+        self.reading_paused = Gauge(
+            "edgefleet_mqtt_reading_paused",
+            "1 while reading device messages is stopped because the ingest queue is full (the"
+            " broker holds them), else 0",
+            registry=r,
+        )
         self.reused_packet_ids = Counter(
             "edgefleet_mqtt_reused_packet_ids",
             "Device messages the broker sent under a packet id still awaiting our acknowledgement"
