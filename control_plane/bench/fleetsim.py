@@ -52,7 +52,7 @@ class FleetSim:
         # the provisioned file is a signed envelope, as the agent's StateFiles.load_trust reads it
         trust = TrustRoot.model_validate(doc.get("signed", doc))
         labels = dict(kv.split("=", 1) for kv in args.label)
-        self.shared = Shared(Topics(args.prefix), args.model, labels)
+        self.shared = Shared(Topics(args.prefix), args.model, labels, args.telemetry_interval_s)
         ids = [f"{args.id_prefix}{i:05d}" for i in range(args.first, args.first + args.count)]
         self.devices = [SimDevice(d, self.shared, trust, args.version) for d in ids]
         self.rate_per_s: float | None = 0.0

@@ -57,6 +57,8 @@ class Shared:
     topics: Topics
     model: str
     labels: dict[str, str]
+    telemetry_interval_s: float | None = None
+    """Announced in the birth message, as an agent does (the control plane's silence limit)."""
     marks: dict[str, list[float]] = field(default_factory=dict)
     """monotonic() times at which devices published a committed / rolled_back event."""
     rejected: dict[str, int] = field(default_factory=dict)
@@ -110,6 +112,7 @@ class SimDevice:
                 hardware_profile=PROFILE,
                 labels=dict(self.shared.labels),
                 models=models,
+                telemetry_interval_s=self.shared.telemetry_interval_s,
                 sent_at=datetime.now(UTC),
             )
             .model_dump_json(exclude_none=True)

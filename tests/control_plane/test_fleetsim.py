@@ -60,6 +60,14 @@ def test_rollout_and_rollback_reach_every_simulated_device(fleet: Fleet) -> None
         assert states[-1] == "committed"
 
 
+def test_simulated_devices_announce_their_telemetry_interval(fleet: Fleet) -> None:
+    """As an agent does in its birth message: the control plane's silence limit uses it."""
+    rows = fleet.db.conn.execute(
+        "SELECT telemetry_interval_s, COUNT(*) FROM devices GROUP BY telemetry_interval_s"
+    ).fetchall()
+    assert rows == [(5.0, DEVICES)]
+
+
 def test_second_rollout_skips_the_download_of_a_version_kept_on_the_device(fleet: Fleet) -> None:
     result = phases.rollout_and_rollback(fleet, version=2, timeout_s=120)
 
