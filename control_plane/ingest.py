@@ -257,6 +257,10 @@ class Ingestor:
         self._queue: asyncio.Queue[tuple[str, Any, Ack | None]] = asyncio.Queue(maxsize=100_000)
         self.listeners: list[EventListener] = []
         self.on_device_online: list[Callable[[str], Awaitable[None]]] = []
+        """Called with a device that was offline and said it is online."""
+        self.on_births: list[Callable[[list[str]], None]] = []
+        """Called with the devices whose birth message (an online status, sent at every
+        connect) a batch stored, whether or not they were shown online already."""
         self.stored = 0
         self.on_batch_written: list[Callable[[], None]] = []
         """Called after each batch (the MQTT adapter resumes reading when the queue drained)."""
@@ -537,6 +541,9 @@ class Ingestor:
         for device_id in came_online:
             for callback in self.on_device_online:
                 await callback(device_id)
+        if self.on_births and (born := [s.device_id for s in statuses if s.online]):
+            for births in self.on_births:
+                births(born)
 
     @staticmethod
     async def _presence(

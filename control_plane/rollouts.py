@@ -149,6 +149,11 @@ class RolloutEngine:
         self._dirty: set[int] = set()
         """Rollouts that device events moved since their last step."""
         self._wake = asyncio.Event()
+        self._lost_commands: dict[str, set[int]] = {}
+        """Per device, the rollouts whose rollback command the broker lost with its state, to
+        send again at the device's next birth message (:meth:`resend_lost_commands`)."""
+        self._resend: dict[int, set[str]] = {}
+        """Per rollout, the devices whose rollback command its next step sends again."""
 
     # -- operator actions -------------------------------------------------------------------
 
@@ -280,6 +285,47 @@ class RolloutEngine:
         for device in devices:  # (JSON has no equality operator in PostgreSQL: filter here)
             if device.desired:
                 self._publish_desired(device)
+
+    async def resend_lost_commands(self) -> None:
+        """The broker lost its state: a rollback command sent and not answered yet may have
+        waited there for a device that was offline, and is gone. Each is sent again now, for
+        the devices that reconnected already, and once more at the device's next birth message
+        (:meth:`on_births`): a command published before the device's session exists on the new
+        broker is dropped. A device that gets it twice rejects the second
+        (``nothing_to_roll_back``), which leaves its row as the first answer put it."""
+        async with self.sessions() as session:
+            rows = (
+                await session.execute(
+                    select(RolloutDevice.rollout_id, RolloutDevice.device_id)
+                    .join(Rollout)
+                    .where(
+                        Rollout.state == "rolling_back",
+                        RolloutDevice.state == "reverting",
+                        RolloutDevice.sent_at.is_not(None),
+                    )
+                )
+            ).all()
+        for rollout_id, device_id in rows:
+            self._lost_commands.setdefault(device_id, set()).add(rollout_id)
+            self._resend.setdefault(rollout_id, set()).add(device_id)
+        if rows:
+            log.warning(
+                "rollback commands sent again after the broker lost its state",
+                extra={"devices": len({d for _, d in rows}), "rollouts": sorted(self._resend)},
+            )
+            self._dirty |= self._resend.keys()
+            self._wake.set()
+
+    def on_births(self, device_ids: list[str]) -> None:
+        """Devices said they are online (a birth message, at every connect): one whose rollback
+        command was lost with the broker's state gets it again, now that it is subscribed."""
+        if not self._lost_commands:
+            return
+        for device_id in device_ids:
+            for rollout_id in self._lost_commands.pop(device_id, ()):
+                self._resend.setdefault(rollout_id, set()).add(device_id)
+                self._dirty.add(rollout_id)
+                self._wake.set()
 
     async def run(self) -> None:
         """Republish what devices should run, then advance active rollouts on every tick."""
@@ -647,6 +693,7 @@ class RolloutEngine:
     async def _roll_back(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
         timeout = timedelta(seconds=rollout.device_timeout_s)
         restore = [rd.device_id for rd in rollout.devices if rd.state in ("sent", "committed")]
+        resend = self._resend.pop(rollout.id, set())
         loaded = await _load_devices(session, restore)  # noqa: F841 (kept while used)
         for rd in rollout.devices:
             if rd.state == "pending":
@@ -658,7 +705,8 @@ class RolloutEngine:
                 else:
                     rd.state, rd.sent_at = "reverting", None
                 rd.updated_at = now
-            if rd.state == "reverting" and rd.sent_at is None:
+            if rd.state == "reverting" and (rd.sent_at is None or rd.device_id in resend):
+                # (sent again: the broker lost it; its timeout starts again)
                 self.bus.publish_command(rd.device_id, self._command(rollout, rd))
                 rd.sent_at = rd.updated_at = now
             elif rd.state == "reverting" and _utc(rd.sent_at) + timeout < now:
