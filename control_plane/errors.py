@@ -4,6 +4,7 @@ ControlPlaneError        code
 +-- NotFound             not_found
 +-- Invalid              invalid_request      names the field
 +-- Conflict             conflict             a version that exists, an unvalidated rollout
+|   +-- Busy             busy                 another rollout of the model is still active there
 +-- TooLarge             payload_too_large
 +-- Unauthorized         unauthorized
 +-- Forbidden            forbidden
@@ -30,6 +31,13 @@ class Invalid(ControlPlaneError):
 
 class Conflict(ControlPlaneError):
     code = "conflict"
+
+
+class Busy(Conflict):
+    """Refused for now: it can go ahead once what is in the way finished (a caller that
+    reconciles, as the Kubernetes controller does, tries again)."""
+
+    code = "busy"
 
 
 class TooLarge(ControlPlaneError):

@@ -424,10 +424,15 @@ class Ingestor:
                 for callback in self.on_batch_written:
                     callback()
                 continue
-            _ack_all(batch)
             for callback in self.on_batch_written:
                 callback()
+            # Acknowledged once the rollouts acted on the batch's events, not just once they
+            # are stored: a control plane stopped in between gets them again from the broker
+            # (stored once, by key; acted on again, which changes nothing the second time).
+            # Nothing replays stored events into rollouts otherwise, and a lost refusal would
+            # leave its device to time out.
             await self._notify([m for kind, m, _ in batch if kind == "event"])
+            _ack_all(batch)
 
     async def drain(self) -> None:
         """Write whatever is queued now (tests and shutdown)."""
@@ -436,8 +441,8 @@ class Ingestor:
             batch.append(self._queue.get_nowait())
         if batch:
             await self._write(batch)
-            _ack_all(batch)
             await self._notify([m for kind, m, _ in batch if kind == "event"])
+            _ack_all(batch)
 
     async def _retrying(self, what: str, write: Callable[[], Awaitable[None]]) -> None:
         """Run ``write`` until it succeeds while the database is unreachable (a restart, a

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -39,7 +40,7 @@ from agent.protocol.messages import UpdateEvent
 from control_plane.bus import FleetBus
 from control_plane.db.models import Device, Model, Rollout, RolloutDevice, TelemetrySample
 from control_plane.db.session import stored_utc
-from control_plane.errors import Conflict, Invalid, NotFound
+from control_plane.errors import Busy, Conflict, Invalid, NotFound
 from control_plane.keys import KeyRing
 from control_plane.manifests import build_manifest
 from control_plane.metrics import FleetMetrics
@@ -58,14 +59,22 @@ def _moves_rollout(event: UpdateEvent) -> bool:
 
 
 DEVICE_DONE = ("committed", "rejected", "rolled_back", "timed_out")
+NEVER_REPORTED = "never reported the new version"
+"""Reason of a device given up on while rolling back: a commit it reports later reopens it."""
 BASELINE = timedelta(minutes=10)
+CHUNK = 1000
+"""Device ids per ``IN`` list: one bound parameter each, and PostgreSQL takes 65,535."""
+
+
+MAX_DURATION_S = 366 * 86400.0
+"""Longest bake time or device timeout a rollout takes (a year): past it a date overflows."""
 
 
 class Gates(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_error_rate: float = Field(default=0.01, ge=0, le=1)
-    max_p99_ratio: float = Field(default=2.0, gt=0)
+    max_p99_ratio: float = Field(default=2.0, gt=0, le=1e6)
     min_requests: int = Field(default=20, ge=0)
     """Below this many requests over a bake window, error rate and latency are not judged."""
     self_test: bool = True
@@ -75,7 +84,7 @@ class Gates(BaseModel):
 
 
 class RolloutSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str
     version: int = Field(ge=1, le=2**31 - 1)
@@ -83,8 +92,8 @@ class RolloutSpec(BaseModel):
     """Label selector: every label given must match (operator labels win over reported)."""
     profiles: list[str] = Field(default_factory=list)
     waves: list[str] = Field(default_factory=lambda: ["1", "10%", "50%", "100%"])
-    bake_time_s: float = Field(default=60.0, ge=0)
-    device_timeout_s: float = Field(default=600.0, gt=0)
+    bake_time_s: float = Field(default=60.0, ge=0, le=MAX_DURATION_S)
+    device_timeout_s: float = Field(default=600.0, gt=0, le=MAX_DURATION_S)
     gates: Gates = Field(default_factory=Gates)
 
     @field_validator("waves", mode="before")
@@ -103,8 +112,10 @@ class RolloutSpec(BaseModel):
                 value = float(number)
             except ValueError:
                 raise ValueError(f"wave {w!r} is not a device count or a percentage") from None
-            if value <= 0 or (w.endswith("%") and value > 100):
+            if not math.isfinite(value) or value <= 0 or (w.endswith("%") and value > 100):
                 raise ValueError(f"wave {w!r} is out of range")
+            if not w.endswith("%") and not value.is_integer():
+                raise ValueError(f"wave {w!r} is not a whole number of devices")
         return waves
 
 
@@ -154,6 +165,8 @@ class RolloutEngine:
         send again at the device's next birth message (:meth:`resend_lost_commands`)."""
         self._resend: dict[int, set[str]] = {}
         """Per rollout, the devices whose rollback command its next step sends again."""
+        self._held: list[Callable[[], None]] = []
+        """What the step in progress publishes, sent once its transaction committed."""
 
     # -- operator actions -------------------------------------------------------------------
 
@@ -172,6 +185,7 @@ class RolloutEngine:
             targets = await self._targets(session, spec)
             if not targets:
                 raise Invalid("selector: no device matches the selector and profiles")
+            await self._refuse_overlap(session, spec.model, [d.id for d in targets])
             model = (
                 await session.execute(
                     select(Model).where(Model.name == spec.model).with_for_update()
@@ -234,6 +248,33 @@ class RolloutEngine:
         await self.step(rollout_id)
         return rollout_id
 
+    async def _refuse_overlap(
+        self, session: AsyncSession, model: str, device_ids: list[str]
+    ) -> None:
+        """Two active rollouts of one model on one device would overwrite each other's desired
+        state (the older one's rollback would restore what the newer replaced) and share its
+        answers to rollback commands, which name the model, not the rollout."""
+        query = select(Rollout.id).where(Rollout.model == model, Rollout.state.in_(ACTIVE))
+        active = (await session.execute(query)).scalars().all()
+        if not active:
+            return
+        for start in range(0, len(device_ids), CHUNK):
+            clash = (
+                await session.execute(
+                    select(RolloutDevice.rollout_id, RolloutDevice.device_id)
+                    .where(
+                        RolloutDevice.rollout_id.in_(active),
+                        RolloutDevice.device_id.in_(device_ids[start : start + CHUNK]),
+                    )
+                    .limit(1)
+                )
+            ).first()
+            if clash is not None:
+                raise Busy(
+                    f"rollout {clash[0]} of {model} is still active on {clash[1]} (and maybe "
+                    "others of these devices): let it finish, cancel or abort it first"
+                )
+
     async def _targets(self, session: AsyncSession, spec: RolloutSpec) -> list[Device]:
         devices = (await session.execute(select(Device).order_by(Device.id))).scalars().all()
         return [
@@ -284,7 +325,7 @@ class RolloutEngine:
             devices = (await session.execute(select(Device))).scalars().all()
         for device in devices:  # (JSON has no equality operator in PostgreSQL: filter here)
             if device.desired:
-                self._publish_desired(device)
+                self.bus.publish_desired(device.id, list(device.desired.values()))
 
     async def resend_lost_commands(self) -> None:
         """The broker lost its state: a rollback command sent and not answered yet may have
@@ -379,7 +420,7 @@ class RolloutEngine:
         async with self.sessions() as session:
             device = await session.get(Device, device_id)
         if device is not None and device.desired:
-            self._publish_desired(device)
+            self.bus.publish_desired(device.id, list(device.desired.values()))
 
     async def on_events(self, events: list[UpdateEvent]) -> None:
         events = [e for e in events if _moves_rollout(e)]
@@ -413,13 +454,16 @@ class RolloutEngine:
                     rollout_id = int(e.rollout_id.removeprefix("rollout-"))
                     wanted.setdefault(rollout_id, set()).add(e.device_id)
         rows: dict[tuple[int, str], RolloutDevice] = {}
-        for rollout_id, ids in wanted.items():
-            result = await session.execute(
-                select(RolloutDevice).where(
-                    RolloutDevice.rollout_id == rollout_id, RolloutDevice.device_id.in_(ids)
+        for rollout_id, wanted_ids in wanted.items():
+            ids = sorted(wanted_ids)
+            for start in range(0, len(ids), CHUNK):
+                result = await session.execute(
+                    select(RolloutDevice).where(
+                        RolloutDevice.rollout_id == rollout_id,
+                        RolloutDevice.device_id.in_(ids[start : start + CHUNK]),
+                    )
                 )
-            )
-            rows |= {(rd.rollout_id, rd.device_id): rd for rd in result.scalars()}
+                rows |= {(rd.rollout_id, rd.device_id): rd for rd in result.scalars()}
         return rows
 
     async def _reverting_for(
@@ -435,16 +479,16 @@ class RolloutEngine:
         }
         out: dict[tuple[str, str], list[RolloutDevice]] = {}
         chunked = sorted(ids)
-        for start in range(0, len(chunked), 1000):
+        for start in range(0, len(chunked), CHUNK):
             result = await session.execute(
                 select(RolloutDevice, Rollout.model)
                 .join(Rollout)
                 .where(
-                    RolloutDevice.device_id.in_(chunked[start : start + 1000]),
+                    RolloutDevice.device_id.in_(chunked[start : start + CHUNK]),
                     RolloutDevice.state == "reverting",
                 )
             )
-            for rd, model in result.tuples():
+            for rd, model in result:
                 out.setdefault((rd.device_id, model), []).append(rd)
         return out
 
@@ -469,7 +513,8 @@ class RolloutEngine:
                 rd.reason, rd.updated_at = reason, now
             if rd is None or state not in ("committed", "rejected", "rolled_back"):
                 return None
-            if rd.state == "reverting_pending":
+            late = rd.state == "reverted" and rd.reason == NEVER_REPORTED
+            if rd.state == "reverting_pending" or late:
                 if state == "committed":  # it got there after all: now it gets the command
                     rd.state, rd.sent_at, rd.reason = (
                         "reverting",
@@ -479,9 +524,11 @@ class RolloutEngine:
                     rollout = await session.get(Rollout, rollout_id)
                     if rollout is not None and rollout.state == "rolled_back":
                         rollout.state = "rolling_back"
-                else:
+                elif not late:
                     rd.state, rd.reason = "reverted", f"never switched ({reason})"
-            elif rd.state in ("pending", "sent", "committed", "timed_out"):
+            elif rd.state == "committed":
+                pass  # a device does not un-commit: a later refusal of it is a repeat
+            elif rd.state in ("pending", "sent", "timed_out"):
                 rd.state, rd.reason = state, reason
             rd.updated_at = now
             return rollout_id
@@ -503,8 +550,24 @@ class RolloutEngine:
             return rows[0].rollout_id if rows else None
         return None
 
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[AsyncSession]:
+        """A step's transaction (under the lock). What it publishes (desired states, rollback
+        commands) goes out only once it committed: published first, a device could act on a
+        manifest the database, after a failed commit or a crash, says was never sent, and a
+        rollback would then skip it and restore nothing. A step that fails publishes nothing
+        and is tried again whole."""
+        self._held = []
+        try:
+            async with self.sessions.begin() as session:
+                yield session
+            for publish in self._held:
+                publish()
+        finally:
+            self._held = []
+
     async def step(self, rollout_id: int) -> None:
-        async with self._lock, self.sessions.begin() as session:
+        async with self._lock, self._transaction() as session:
             rollout = (
                 await session.execute(
                     select(Rollout)
@@ -530,10 +593,13 @@ class RolloutEngine:
             return
         # Only the column read here: whole Device rows would decode every desired state too,
         # on every step of a rollout over thousands of devices.
-        rows = await session.execute(
-            select(Device.id, Device.models).where(Device.id.in_([w.device_id for w in waiting]))
-        )
-        reported: dict[str, list[Any]] = {device_id: models for device_id, models in rows}
+        ids = [w.device_id for w in waiting]
+        reported: dict[str, list[Any]] = {}
+        for start in range(0, len(ids), CHUNK):  # a bound parameter per id: PostgreSQL takes 65,535
+            rows = await session.execute(
+                select(Device.id, Device.models).where(Device.id.in_(ids[start : start + CHUNK]))
+            )
+            reported |= {device_id: models for device_id, models in rows}
         for rd in waiting:
             models = reported.get(rd.device_id)
             if models is None:
@@ -596,6 +662,16 @@ class RolloutEngine:
             )
         if any(d.state not in DEVICE_DONE for d in wave_devices):
             return None
+        if wave_devices and not any(d.state == "committed" for d in wave_devices):
+            # No evidence the version works anywhere (every device timed out, or refused within
+            # max_rejections): going on would roll it out wider blind. A dead artifact URL or a
+            # broker that refuses the devices' topics looks exactly like this.
+            timed_out = sum(d.state == "timed_out" for d in wave_devices)
+            return self._fail(
+                rollout,
+                f"no device of wave {rollout.current_wave + 1} committed the update "
+                f"({timed_out} of {len(wave_devices)} timed out, the others refused it)",
+            )
         if rollout.bake_started_at is None:
             rollout.bake_started_at = now
         verdict, report = await self._telemetry_gates(session, rollout, gates, touched, now)
@@ -680,34 +756,51 @@ class RolloutEngine:
         if device is None:
             rd.state, rd.reason = "timed_out", "device no longer in the inventory"
             return
-        signed = self.keys.sign({**rollout.manifest, "target": {"device_ids": [device.id]}})
+        # dated now, not at the rollout's creation: a wave started or resumed weeks later
+        # must not send a manifest past its expiry
+        dated = {
+            "issued_at": now.isoformat(),
+            "expires_at": (now + timedelta(seconds=self.manifest_ttl_s)).isoformat(),
+        }
+        signed = self.keys.sign(
+            {**rollout.manifest, **dated, "target": {"device_ids": [device.id]}}
+        )
         device.desired = {**device.desired, rollout.model: signed}
         rd.state, rd.sent_at, rd.updated_at = "sent", now, now
         self._publish_desired(device)
 
     def _publish_desired(self, device: Device) -> None:
-        self.bus.publish_desired(device.id, list(device.desired.values()))
+        """Publish ``device``'s desired state once the step's transaction commits."""
+        self._held.append(
+            functools.partial(self.bus.publish_desired, device.id, list(device.desired.values()))
+        )
 
     # -- rolling back -----------------------------------------------------------------------
 
     async def _roll_back(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
         timeout = timedelta(seconds=rollout.device_timeout_s)
-        restore = [rd.device_id for rd in rollout.devices if rd.state in ("sent", "committed")]
+        touched = ("sent", "committed", "timed_out")
+        restore = [rd.device_id for rd in rollout.devices if rd.state in touched]
         resend = self._resend.pop(rollout.id, set())
         loaded = await _load_devices(session, restore)  # noqa: F841 (kept while used)
         for rd in rollout.devices:
             if rd.state == "pending":
                 rd.state, rd.reason = "skipped", "not reached before the rollback"
-            elif rd.state in ("sent", "committed"):
+            elif rd.state in touched:
                 await self._restore_desired(session, rollout, rd)
-                if rd.state == "sent":  # still applying: the command follows if it commits
+                # still applying, or silent (offline: its retained desired state still held the
+                # new version until now): the command follows if it reports a commit
+                if rd.state in ("sent", "timed_out"):
                     rd.state, rd.reason = "reverting_pending", "desired state restored"
                 else:
                     rd.state, rd.sent_at = "reverting", None
                 rd.updated_at = now
             if rd.state == "reverting" and (rd.sent_at is None or rd.device_id in resend):
                 # (sent again: the broker lost it; its timeout starts again)
-                self.bus.publish_command(rd.device_id, self._command(rollout, rd))
+                command = self._command(rollout, rd)
+                self._held.append(
+                    functools.partial(self.bus.publish_command, rd.device_id, command)
+                )
                 rd.sent_at = rd.updated_at = now
             elif rd.state == "reverting" and _utc(rd.sent_at) + timeout < now:
                 rd.state, rd.reason = (
@@ -716,7 +809,7 @@ class RolloutEngine:
                 )
             elif rd.state == "reverting_pending" and _utc(rd.updated_at) + timeout < now:
                 # it never reported the new version; its desired state no longer holds it
-                rd.state, rd.reason = "reverted", "never reported the new version"
+                rd.state, rd.reason = "reverted", NEVER_REPORTED
         if not [d for d in rollout.devices if d.state in ("reverting", "reverting_pending")]:
             rollout.state = "rolled_back"
             log.warning(
@@ -761,8 +854,8 @@ async def _load_devices(session: AsyncSession, device_ids: list[str]) -> list[De
     that follows finds them there instead of asking the database once per device. (The
     session's identity map holds objects weakly: keep the list while they are used.)"""
     devices: list[Device] = []
-    for start in range(0, len(device_ids), 1000):
-        chunk = device_ids[start : start + 1000]
+    for start in range(0, len(device_ids), CHUNK):
+        chunk = device_ids[start : start + CHUNK]
         devices += (await session.execute(select(Device).where(Device.id.in_(chunk)))).scalars()
     return devices
 
@@ -780,23 +873,27 @@ async def _window(
         return {"requests": 0, "errors": 0, "p99_ms": None}
     t = TelemetrySample
     with_p99 = case((t.p99_ms.is_not(None), t.requests), else_=0)
-    row = (
-        await session.execute(
-            select(
-                func.coalesce(func.sum(t.requests), 0),
-                func.coalesce(func.sum(t.errors), 0),
-                func.sum(t.p99_ms * with_p99),
-                func.sum(with_p99),
-            ).where(
-                t.model == model,
-                t.version == version,
-                t.device_id.in_(device_ids),
-                t.time >= since,
-                t.time <= until,
+    requests = errors = 0
+    weighted = weight = 0.0
+    for start in range(0, len(device_ids), CHUNK):
+        row = (
+            await session.execute(
+                select(
+                    func.coalesce(func.sum(t.requests), 0),
+                    func.coalesce(func.sum(t.errors), 0),
+                    func.coalesce(func.sum(t.p99_ms * with_p99), 0),
+                    func.coalesce(func.sum(with_p99), 0),
+                ).where(
+                    t.model == model,
+                    t.version == version,
+                    t.device_id.in_(device_ids[start : start + CHUNK]),
+                    t.time >= since,
+                    t.time <= until,
+                )
             )
-        )
-    ).one()
-    requests, errors, weighted, weight = int(row[0]), int(row[1]), row[2], row[3]
+        ).one()
+        requests, errors = requests + int(row[0]), errors + int(row[1])
+        weighted, weight = weighted + float(row[2]), weight + float(row[3])
     return {
         "requests": requests,
         "errors": errors,

@@ -37,6 +37,7 @@ STATUS = {
     "not_found": 404,
     "invalid_request": 400,
     "conflict": 409,
+    "busy": 409,
     "payload_too_large": 413,
     "unauthorized": 401,
     "forbidden": 403,

@@ -4,7 +4,9 @@ Level-triggered: list every object and reconcile it, then follow a watch until t
 it (``resync_s``), then list again. Reconciling an object:
 
 - no rollout yet: adopt the one this object already created (the status write may have been
-  lost), else create it; a spec the engine refuses becomes phase Failed with the reason;
+  lost), else create it; a spec the engine refuses becomes phase Failed with the reason, one
+  that must wait for another rollout of its model on the same devices to end stays Pending
+  (condition Accepted False, reason Waiting) and is tried again every ``status_interval_s``;
 - ``spec.paused`` / ``spec.abort``: pause, resume or abort (abort rolls back);
 - write the rollout's state as ``.status`` when it changed.
 
@@ -23,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import selectinload
 
 from control_plane.db.models import Rollout
-from control_plane.errors import Conflict, ControlPlaneError
+from control_plane.errors import Busy, Conflict, ControlPlaneError
 from control_plane.k8s.api import KubeApi, Obj
 from control_plane.k8s.resource import (
     FINAL,
@@ -97,6 +99,9 @@ class ModelRolloutController:
             await asyncio.sleep(self.settings.status_interval_s)
             for obj in list(self.objects.values()):
                 status = obj.get("status") or {}
+                if status.get("rolloutId") is None and status.get("phase") == "Pending":
+                    await self._reconcile_logged(obj)  # waiting for another rollout to end
+                    continue
                 if status.get("rolloutId") is None or status.get("phase") in FINAL:
                     continue
                 try:
@@ -145,6 +150,25 @@ class ModelRolloutController:
             if (obj.get("spec") or {}).get("abort"):
                 raise Conflict("spec.abort: the rollout was aborted before it started")
             rollout_id = await self.engine.create(rollout_spec(obj), owner(obj))
+        except Busy as exc:
+            # not refused: it starts once the rollout in its way is done (tried again on every
+            # progress write, see _write_progress)
+            log.info(
+                "ModelRollout waiting", extra={"modelrollout": _name(obj), "reason": exc.message}
+            )
+            previous = (obj.get("status") or {}).get("conditions") or []
+            await self._patch(
+                obj,
+                {
+                    "observedGeneration": generation,
+                    "phase": "Pending",
+                    "message": exc.message,
+                    "conditions": conditions(
+                        previous, [("Accepted", False, "Waiting", exc.message)], generation, _now()
+                    ),
+                },
+            )
+            return None
         except ControlPlaneError as exc:
             reason = REASONS.get(exc.code, "Refused")
             log.warning(

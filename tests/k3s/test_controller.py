@@ -191,3 +191,33 @@ def test_a_restarted_control_plane_adopts_its_rollout_fake_k8s_api(
         assert status["rolloutId"] == first
         assert [r["id"] for r in cp.admin.get("/api/v1/rollouts").json()] == [first]
     assert kube.closed  # the controller let go of its client on shutdown
+
+
+def test_a_modelrollout_waits_while_another_of_its_model_is_active_fake_k8s_api(
+    start_in_cluster: ClusterControlPlane,
+    start_agent: AgentFactory,
+    kube: FakeKubeApi,
+    tmp_path: Path,
+) -> None:
+    """Not refused for good (Failed is final for its generation): Pending, and started once the
+    rollout in its way ended."""
+    with start_in_cluster() as cp, start_agent("dev-a", cp) as a:
+        wait_devices(cp, "dev-a")
+        for version in (2, 3):
+            push(
+                cp.admin,
+                "mlp",
+                version,
+                [(mlp_version(tmp_path / f"v{version}", seed=version), [])],
+            )
+            validate(cp.admin, "mlp", version)
+        first = kube.apply(modelrollout("mlp-v2", 2, waves=["100%"], bakeTimeSeconds=600))
+        wait_until(lambda: served(a) == "2", what="version 2 on dev-a")
+        kube.apply(modelrollout("mlp-v3", 3, waves=["100%"]))
+        status = wait_phase(kube, "mlp-v3", "Pending")
+        assert "is still active on dev-a" in status["message"]
+        assert conditions(status) == {"Accepted": ("False", "Waiting")}
+        kube.apply(first | {"spec": {**first["spec"], "abort": True}})
+        wait_phase(kube, "mlp-v2", "RolledBack")
+        assert wait_phase(kube, "mlp-v3", "Succeeded")["rolloutId"] is not None
+        assert served(a) == "3"

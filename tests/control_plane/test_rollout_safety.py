@@ -1,0 +1,202 @@
+"""Rollouts that must not go wrong quietly: a spec out of range, two rollouts of one model on
+one device, a wave in which no device committed, a device that timed out when the rollout rolls
+back, a refusal repeated after a commit. Real Mosquitto, a real control plane (SQLite and
+PostgreSQL), real agents, and one device played by an MQTT client where its messages must be
+chosen."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from agent.protocol.messages import DesiredState, DeviceStatus, UpdateEvent, UpdateState
+from runtimes.examples.variants import mlp_version
+from tests.access.mqtt_client import ProbeClient
+from tests.agent.server import wait_until
+from tests.control_plane.conftest import AgentFactory, ControlPlaneFactory
+from tests.control_plane.server import RunningControlPlane
+from tests.control_plane.test_rollouts import (
+    push,
+    rollout,
+    served,
+    validate,
+    wait_devices,
+    wait_rollout,
+)
+from tests.mqtt_broker import Mosquitto
+
+
+def _devices(cp: RunningControlPlane, rollout_id: int) -> tuple[str, dict[str, str]]:
+    doc = cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()
+    return doc["state"], {d["device_id"]: d["state"] for d in doc["devices"]}
+
+
+def test_rollout_specs_out_of_range_are_400s_naming_the_field(
+    start_control_plane: ControlPlaneFactory,
+) -> None:
+    spec: dict[str, Any] = {"model": "mlp", "version": 2}
+    with start_control_plane() as cp:
+        for field, bad in [
+            ("bake_time_s", 1e12),  # accepted before, then a date overflow: a 500, stuck
+            ("device_timeout_s", 1e12),
+            ("waves", ["nan"]),
+            ("waves", ["1e400"]),
+            ("waves", ["1.5"]),
+        ]:
+            resp = cp.admin.post("/api/v1/rollouts", json={**spec, field: bad})
+            assert resp.status_code == 400, (field, bad, resp.text)
+            assert resp.json()["error"].startswith(field), resp.text
+        # JSON as Python reads it takes Infinity; no rollout does
+        for field, raw in [
+            ("bake_time_s", '"bake_time_s": Infinity'),
+            ("gates", '"gates": {"max_p99_ratio": Infinity}'),
+        ]:
+            resp = cp.admin.post(
+                "/api/v1/rollouts",
+                content=f'{{"model": "mlp", "version": 2, {raw}}}',
+                headers={"content-type": "application/json"},
+            )
+            assert resp.status_code == 400, (raw, resp.text)
+            assert resp.json()["error"].startswith(field), resp.text
+        assert cp.admin.get("/api/v1/rollouts").json() == []
+
+
+def test_a_second_rollout_of_a_model_on_the_same_device_waits_for_the_first(
+    start_control_plane: ControlPlaneFactory, start_agent: AgentFactory, tmp_path: Path
+) -> None:
+    with start_control_plane() as cp, start_agent("dev-a", cp) as a:
+        wait_devices(cp, "dev-a")
+        for version in (2, 3):
+            push(
+                cp.admin,
+                "mlp",
+                version,
+                [(mlp_version(tmp_path / f"v{version}", seed=version), [])],
+            )
+            validate(cp.admin, "mlp", version)
+        first = rollout(cp, 2, waves=["100%"], bake_time_s=600)
+        wait_until(lambda: _devices(cp, first) == ("running", {"dev-a": "committed"}),
+                   what="dev-a to commit version 2")  # fmt: skip
+        spec = {"model": "mlp", "version": 3, "selector": {"site": "lab"}, "waves": ["100%"]}
+        resp = cp.admin.post("/api/v1/rollouts", json=spec)
+        assert resp.status_code == 409 and resp.json()["code"] == "busy", resp.text
+        assert f"rollout {first} of mlp is still active on dev-a" in resp.json()["error"]
+        assert cp.admin.post(f"/api/v1/rollouts/{first}/abort").status_code == 200
+        wait_rollout(cp, first, "rolled_back")
+        assert served(a) == "1"
+        second = rollout(cp, 3, waves=["100%"], bake_time_s=0)
+        assert wait_rollout(cp, second, "succeeded")["state"] == "succeeded"
+        assert served(a) == "3"
+
+
+def test_a_wave_where_no_device_committed_fails_and_the_rollback_restores_the_silent_device(
+    start_control_plane: ControlPlaneFactory,
+    start_agent: AgentFactory,
+    broker: Mosquitto,
+    tmp_path: Path,
+) -> None:
+    with start_control_plane() as cp:
+        with start_agent("dev-b", cp):  # known to the inventory, then away
+            wait_devices(cp, "dev-b")
+        push(cp.admin, "mlp", 2, [(mlp_version(tmp_path / "v2", seed=2), [])])
+        validate(cp.admin, "mlp", 2)
+        rollout_id = rollout(
+            cp, 2, selector={"group": "pi"}, waves=["100%"], bake_time_s=0, device_timeout_s=1
+        )
+        # Before: every device timed out, the gates saw no telemetry, and it "succeeded"
+        doc = wait_rollout(cp, rollout_id, "rolled_back", "succeeded", timeout_s=30)
+        assert doc["state"] == "rolled_back", doc
+        assert doc["reason"] == "no device of wave 1 committed the update (1 of 1 timed out, " \
+            "the others refused it)"  # fmt: skip
+        assert _devices(cp, rollout_id)[1] == {"dev-b": "reverted"}
+        # its retained desired state no longer holds version 2 (before: it did, and the device
+        # installed the rolled-back version when it came back)
+        watcher = ProbeClient(broker.port)
+        try:
+            assert watcher.connect() == 0
+            watcher.subscribe("edgefleet/devices/dev-b/desired")
+            retained = watcher.wait(
+                lambda: watcher.messages("edgefleet/devices/dev-b/desired"), "the desired state"
+            )
+        finally:
+            watcher.close()
+        assert DesiredState.model_validate_json(retained[-1]).manifests == []
+        # Its persistent session on the broker still holds version 2's desired state, queued
+        # while it was away: it installs and commits it when it returns, after the rollback
+        # ended. That commit reopens the rollback and the rollback command takes it back.
+        # (Before: its row stayed timed_out, the commit ended there, and it kept version 2.)
+        with start_agent("dev-b", cp) as b:
+
+            def back() -> bool:
+                doc = cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()
+                (row,) = doc["devices"]
+                return (
+                    doc["state"] == "rolled_back"
+                    and row["state"] == "reverted"
+                    and row["reason"].startswith("fleet_command")
+                )
+
+            wait_until(back, timeout_s=60, what="dev-b's late commit rolled back")
+            assert served(b) == "1"
+
+
+def test_a_device_that_committed_stays_committed_when_a_refusal_of_it_repeats(
+    start_control_plane: ControlPlaneFactory, broker: Mosquitto, tmp_path: Path
+) -> None:
+    """A device that applied a manifest twice (a retry raced a redelivery) committed it, then
+    refused the copy as superseded: the refusal must not undo the commit and fail the rollout.
+    Two devices played by one MQTT client, so their messages reach the control plane in order."""
+    device = ProbeClient(broker.port)
+    with start_control_plane() as cp:
+        try:
+            assert device.connect() == 0
+            for device_id in ("dev-p", "dev-q"):
+                device.subscribe(f"edgefleet/devices/{device_id}/desired")
+                birth = DeviceStatus(device_id=device_id, online=True, agent_version="probe",
+                                     hardware_profile="generic-x86_64", labels={"site": "probe"},
+                                     models=[], sent_at=datetime.now(UTC))  # fmt: skip
+                topic = f"edgefleet/devices/{device_id}/status"
+                device.publish(topic, birth.model_dump_json().encode(), retain=True)
+            wait_devices(cp, "dev-p", "dev-q")
+            push(cp.admin, "mlp", 2, [(mlp_version(tmp_path / "v2", seed=2), [])])
+            validate(cp.admin, "mlp", 2)
+            rollout_id = rollout(cp, 2, selector={"site": "probe"}, waves=["100%"],
+                                 bake_time_s=600)  # fmt: skip
+            desired = device.wait(
+                lambda: [
+                    d
+                    for raw in device.messages("edgefleet/devices/dev-p/desired")
+                    if (d := DesiredState.model_validate_json(raw)).manifests
+                ],
+                "the rollout's desired state",
+            )
+            manifest = desired[-1].manifests[0]["signed"]
+
+            def event(device_id: str, state: UpdateState, code: str | None = None) -> None:
+                doc = UpdateEvent(
+                    device_id=device_id, event_id=uuid.uuid4().hex, time=datetime.now(UTC),
+                    model="mlp", version=2, sequence=manifest["sequence"],
+                    rollout_id=manifest["rollout_id"], state=state, code=code,
+                    reason=f"{code} (probe)" if code else None,
+                )  # fmt: skip
+                topic = f"edgefleet/devices/{device_id}/events"
+                device.publish(topic, doc.model_dump_json().encode())
+
+            event("dev-p", UpdateState.COMMITTED)
+            wait_until(lambda: _devices(cp, rollout_id)[1]["dev-p"] == "committed",
+                       what="the commit")  # fmt: skip
+            event("dev-p", UpdateState.REJECTED, "superseded")
+            # acted on in order: once dev-q's fault shows, dev-p's refusal was acted on too
+            event("dev-q", UpdateState.DOWNLOADING, "disk_full")
+            wait_until(
+                lambda: "disk_full" in {
+                    d["device_id"]: d["reason"]
+                    for d in cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()["devices"]
+                }["dev-q"],
+                what="dev-q's fault on the rollout",
+            )  # fmt: skip
+            assert _devices(cp, rollout_id) == ("running", {"dev-p": "committed", "dev-q": "sent"})
+        finally:
+            device.close()
