@@ -138,6 +138,7 @@ def server_config(settings: AgentSettings, state: ApiState) -> uvicorn.Config:
             )
         ),
         lifespan="on",
+        ws="none",  # no WebSocket routes: an upgrade is refused by the protocol (http_protocol)
         log_config=None,
         access_log=False,
         # uvicorn types both as int but hands them to call_later and asyncio.timeout, which

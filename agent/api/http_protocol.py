@@ -269,6 +269,19 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._cancel_head_timer()
+        if self.parser.should_upgrade():
+            # httptools then tells llhttp the message has no body and the rest of the stream is
+            # another protocol's: the body is never parsed, and uvicorn would hand the handler
+            # a body buffer that nothing filled (and count a request that never ends). The
+            # agent speaks no other protocol (no WebSocket, no h2c): refused, before anything
+            # is counted or allocated. RFC 9110 lets a server ignore Upgrade; httptools cannot.
+            upgrade = dict(self.headers).get(b"upgrade", b"").decode("latin-1")[:40]
+            self._answer(
+                400,
+                "upgrade_not_supported",
+                f"protocol upgrades are not supported (Upgrade: {upgrade or '?'}, or CONNECT):"
+                " send the request without Connection: Upgrade",
+            )
         if self._over_limit:
             self._answer(
                 503,
@@ -335,6 +348,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._in_body = False
         self._cancel_body_timer()
         if self._whole is not None:
+            if self._filled < len(self._whole) and not self._discarding:
+                # The parser ended the message before the body it declared arrived (it does
+                # for an upgrade, refused above): a buffer the kernel has not filled holds
+                # earlier requests' memory and must never reach a handler.
+                self._answer(400, "bad_request", "the request ended before its declared body")
             self._whole.release()
             self._whole = None
         if self._discarding:
@@ -414,9 +432,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         return self.cycle is not None and not self.cycle.response_complete
 
     def _refuse_and_discard(self, message: str) -> None:
-        """A 503 on a connection that stays open; the request's body is skipped."""
+        """A 503 on a connection that stays open; the request's body is skipped, within
+        ``body_timeout_s`` like any body (else a client that never sends it held the connection
+        for ever: the idle timer is off while a request is read)."""
         self.transport.write(_response(503, "overloaded", message, 1, close=False))
         self._discarding = True
+        self._in_body = True
 
 
 def _whole_receive(cycle: RequestResponseCycle) -> Callable[[], Any]:

@@ -250,3 +250,43 @@ def test_a_client_gone_halfway_through_a_body_costs_nothing_else(agent: RunningA
         sock.sendall(infer_head() + BODY)
         answer = read_response(sock)
     assert answer.status == 200 and "outputs" in answer.json()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "upgrade", "size"),
+    [
+        ("GET", "/v2/models/mlp/ready", "websocket", 0),
+        ("POST", INFER, "h2c", 0),  # curl --http2 on http:// asks for this
+        ("POST", INFER, "h2c", 64),  # a body collected whole into a buffer not zero-filled
+    ],
+)
+def test_a_protocol_upgrade_is_refused_and_leaks_neither_memory_nor_a_request_slot(
+    example_repo: Path, tmp_path: Path, method: str, path: str, upgrade: str, size: int
+) -> None:
+    """httptools treats an upgrade request as having no body: the handler once got a buffer
+    nothing had filled (earlier requests' memory, answered as model output), and a WebSocket
+    upgrade took a request slot for good (each one: with the default limit, 256 of them
+    refused every request while the health probes said ready)."""
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    with serve(repo, max_concurrent_requests=1) as agent:
+        body, _ = _rows_body(size) if size else (b"", None)
+        headers = {"Connection": "Upgrade", "Upgrade": upgrade}
+        if upgrade == "websocket":
+            headers |= {
+                "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                "Sec-WebSocket-Version": "13",
+            }
+        if body:
+            headers |= {"Content-Type": "application/json", "Content-Length": str(len(body))}
+        for _ in range(3):
+            with connect(agent.url) as sock:
+                sock.sendall(head(method, path, headers) + body)
+                answer = read_response(sock)
+                assert answer.status == 400, answer.body[:200]
+                assert answer.json()["code"] == "upgrade_not_supported"
+                assert f"Upgrade: {upgrade}" in answer.json()["error"]
+                assert closed_by_peer(sock)
+        # the one request slot is free: served, not 503
+        with connect(agent.url) as sock:
+            sock.sendall(infer_head() + BODY)
+            assert read_response(sock).status == 200

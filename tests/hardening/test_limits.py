@@ -247,6 +247,30 @@ def test_a_request_after_a_refused_one_is_not_cut_by_the_idle_timer(
         assert serves(agent)
 
 
+def test_a_refused_request_whose_body_never_comes_is_closed_after_body_timeout_gated(
+    example_repo: Path, tmp_path: Path
+) -> None:
+    """A refusal skips the request's body; one that never arrives held the connection open for
+    ever (the idle timer is off while a request is read, and no body timer was armed)."""
+    gate = Gate(closed=False)
+    repo = copy_models(
+        example_repo, tmp_path / "repo", "mlp", configs={"mlp": "[batching]\nmax_batch_size = 1\n"}
+    )
+    with serve(
+        repo, runtime_factory=gated_factory(gate), max_concurrent_requests=1, body_timeout_s=1.0
+    ) as agent:
+        gate.close()
+        with ThreadPoolExecutor(1) as pool, connect(agent.url, timeout_s=10) as sock:
+            held = pool.submit(agent.client.post, INFER, content=body_of(1))
+            gate.wait_entered()
+            sock.sendall(head("POST", INFER, {"Content-Length": "1000000"}))  # and nothing more
+            assert read_response(sock).status == 503
+            assert closed_by_peer(sock)  # within body_timeout_s, not the socket's 10 s
+            gate.open()
+            assert held.result(timeout=60).status_code == 200
+        assert serves(agent)
+
+
 def pending(agent: RunningAgent) -> float:
     """Requests the agent has accepted and not yet answered (read in-process: over HTTP,
     /metrics would be one more request in flight)."""
