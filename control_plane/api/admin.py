@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import Response
@@ -13,13 +13,13 @@ from starlette.responses import Response
 from control_plane import audit
 from control_plane.api.deps import ADMIN, SESSION, VIEWER, json_response
 from control_plane.auth import Principal, Role, create_token
-from control_plane.db.models import AuditEntry
+from control_plane.db.models import NAME_LENGTH, AuditEntry
 
 router = APIRouter(prefix="/api/v1", tags=["Administration"])
 
 
 class TokenCreate(BaseModel):
-    name: str
+    name: str = Field(min_length=1, max_length=NAME_LENGTH)
     role: Literal["viewer", "operator", "admin"]
 
 

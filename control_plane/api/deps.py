@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import orjson
 from fastapi import Depends, Path, Request
 from fastapi.exceptions import RequestValidationError
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from starlette.responses import Response
 
@@ -125,6 +125,14 @@ async def handle_error(request: Request, exc: Exception) -> Response:
         return Response(
             body, status_code=503, media_type="application/json", headers={"Retry-After": "1"}
         )
+    if isinstance(exc, IntegrityError):
+        # a unique key taken between the check and the commit: two requests creating the
+        # same version or name at once; the loser is told, as a sequential caller would be
+        log.info("conflicting write", extra={"path": request.url.path})
+        body = orjson.dumps(
+            {"error": "created concurrently by another request; read it back", "code": "conflict"}
+        )
+        return Response(body, status_code=409, media_type="application/json")
     if isinstance(exc, RequestValidationError):
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"] if p != "body")

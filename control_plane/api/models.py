@@ -25,7 +25,7 @@ from control_plane.api.deps import (
     services,
 )
 from control_plane.auth import Principal
-from control_plane.db.models import Artifact, Model, ModelVersion
+from control_plane.db.models import NAME_LENGTH, Artifact, Model, ModelVersion
 from control_plane.errors import Invalid, NotFound
 from control_plane.registry import add_file, create_version, get_model, get_version, record_artifact
 from control_plane.validation import validate
@@ -112,6 +112,8 @@ async def new_version(
 ) -> Response:
     if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise Invalid("name: use letters, digits, '.', '_' or '-'")
+    if len(name) > NAME_LENGTH:  # the column's width: PostgreSQL refuses longer (a 500)
+        raise Invalid(f"name: at most {NAME_LENGTH} characters")
     mv = await create_version(
         s,
         name,

@@ -21,6 +21,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+NAME_LENGTH = 128
+"""Width of the name columns (models, devices, tokens): PostgreSQL refuses a longer value, so
+the API refuses it first."""
+
 
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
@@ -30,7 +34,7 @@ class Model(Base):
     __tablename__ = "models"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(128), unique=True)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), unique=True)
     description: Mapped[str] = mapped_column(Text, default="")
     next_sequence: Mapped[int] = mapped_column(BigInteger, default=1)
     """Manifest sequences for this model: every manifest the fleet issues takes the next."""
