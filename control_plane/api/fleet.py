@@ -201,13 +201,23 @@ async def create_rollout(
         return json_response(rollout_doc(await _rollout(s, rollout_id)), 201)
 
 
-@router.get("/rollouts", summary="Rollouts, newest first")
-async def list_rollouts(s: AsyncSession = SESSION, _: Principal = VIEWER) -> Response:
-    rows = (
-        await s.execute(
-            select(Rollout).options(selectinload(Rollout.devices)).order_by(Rollout.id.desc())
-        )
-    ).scalars()
+@router.get("/rollouts", summary="Rollouts, newest first (a page of them)")
+async def list_rollouts(
+    limit: int = Query(default=50, ge=1, le=500, description="rollouts per page"),
+    before: int | None = Query(
+        default=None,
+        ge=1,
+        le=INT32_MAX,
+        description="only rollouts older than this id (the last id of the previous page)",
+    ),
+    s: AsyncSession = SESSION,
+    _: Principal = VIEWER,
+) -> Response:
+    # a page, not every rollout ever: each carries its device rows, thousands per rollout
+    query = select(Rollout).options(selectinload(Rollout.devices)).order_by(Rollout.id.desc())
+    if before is not None:
+        query = query.where(Rollout.id < before)
+    rows = (await s.execute(query.limit(limit))).scalars()
     return json_response([rollout_doc(r) for r in rows])
 
 

@@ -89,6 +89,13 @@ def test_a_second_rollout_of_a_model_on_the_same_device_waits_for_the_first(
         second = rollout(cp, 3, waves=["100%"], bake_time_s=0)
         assert wait_rollout(cp, second, "succeeded")["state"] == "succeeded"
         assert served(a) == "3"
+        # listed a page at a time, newest first
+        page = cp.admin.get("/api/v1/rollouts", params={"limit": 1}).json()
+        assert [r["id"] for r in page] == [second]
+        page = cp.admin.get("/api/v1/rollouts", params={"limit": 1, "before": second}).json()
+        assert [r["id"] for r in page] == [first]
+        resp = cp.admin.get("/api/v1/rollouts", params={"limit": 0})
+        assert resp.status_code == 400 and resp.json()["error"].startswith("query.limit"), resp.text
 
 
 def test_a_wave_where_no_device_committed_fails_and_the_rollback_restores_the_silent_device(
