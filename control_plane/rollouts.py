@@ -670,7 +670,7 @@ class RolloutEngine:
             return self._fail(
                 rollout,
                 f"no device of wave {rollout.current_wave + 1} committed the update "
-                f"({timed_out} of {len(wave_devices)} timed out, the others refused it)",
+                f"({timed_out} timed out, {len(wave_devices) - timed_out} refused it)",
             )
         if rollout.bake_started_at is None:
             rollout.bake_started_at = now
