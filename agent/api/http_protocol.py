@@ -348,7 +348,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._in_body = False
         self._cancel_body_timer()
         if self._whole is not None:
-            if self._filled < len(self._whole) and not self._discarding:
+            if (
+                self._filled < len(self._whole)
+                and not self._discarding
+                and self.cycle is not None
+                and not self.cycle.response_complete  # answered early: the body was dropped
+            ):
                 # The parser ended the message before the body it declared arrived (it does
                 # for an upgrade, refused above): a buffer the kernel has not filled holds
                 # earlier requests' memory and must never reach a handler.

@@ -290,3 +290,17 @@ def test_a_protocol_upgrade_is_refused_and_leaks_neither_memory_nor_a_request_sl
         with connect(agent.url) as sock:
             sock.sendall(infer_head() + BODY)
             assert read_response(sock).status == 200
+
+
+def test_a_request_answered_before_its_body_came_leaves_the_connection_as_it_was(
+    agent: RunningAgent,
+) -> None:
+    """A 404 goes out as soon as the head names no model; the body that follows is dropped, and
+    the next request on the connection gets its own answer (not one about the dropped body)."""
+    path = "/v2/models/nope/infer"
+    with connect(agent.url) as sock:
+        sock.sendall(head("POST", path, {"Content-Length": str(len(BODY))}))
+        assert read_response(sock).status == 404  # before its body was sent
+        sock.sendall(BODY + head("GET", "/v2/health/live"))
+        answer = read_response(sock)
+        assert answer.status == 200 and answer.json() == {"live": True}, answer.body
