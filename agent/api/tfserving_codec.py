@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from agent.api.v2_codec import json_array
 from agent.errors import RequestError
-from runtimes.datatypes import numpy_dtype
 from runtimes.signature import ModelSignature, TensorSpec
 
 Arrays = dict[str, np.ndarray]
@@ -143,18 +143,9 @@ def _unb64(value: Any, where: str) -> Any:
 def _array(values: Any, spec: TensorSpec, where: str, limit: int) -> np.ndarray:
     try:
         if spec.datatype == "BYTES":
-            array = np.array(values, dtype=object)
-            array = np.vectorize(
-                lambda x: x if isinstance(x, bytes) else str(x).encode(), otypes=[object]
-            )(array)
+            array = _strings(values, where)
         else:
-            if _has_bytes(values):
-                raise _fail(
-                    where, f"b64 values are for string inputs; {spec.name!r} is {spec.datatype}"
-                )
-            # a number out of the datatype's range is refused, not turned into inf or garbage
-            with np.errstate(over="raise", invalid="raise"):
-                array = np.asarray(values, dtype=numpy_dtype(spec.datatype))
+            array = json_array(values, spec.datatype)  # numbers only: null is not NaN
     except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
         raise _fail(
             where, f"cannot be read as {spec.datatype} (ragged or wrong type): {exc}"
@@ -166,10 +157,33 @@ def _array(values: Any, spec: TensorSpec, where: str, limit: int) -> np.ndarray:
     return array
 
 
-def _has_bytes(values: Any) -> bool:
-    if isinstance(values, list):
-        return any(_has_bytes(v) for v in values)
-    return isinstance(values, bytes)
+def _strings(values: Any, where: str) -> np.ndarray:
+    """A string tensor of text values (str) and ``{"b64": ...}`` ones (bytes by now): a number,
+    null or a list where a string belongs is refused, not sent to the model as "3" or "None"."""
+    array = np.array(values, dtype=object)  # ragged nesting leaves lists as elements
+    out = np.empty(array.shape, dtype=object)
+    for i, value in enumerate(array.flat):
+        if isinstance(value, str):
+            out.flat[i] = value.encode()
+        elif isinstance(value, bytes):
+            out.flat[i] = value
+        else:
+            at = "".join(f"[{d}]" for d in np.unravel_index(i, array.shape))
+            raise _fail(
+                where + at,
+                f'string inputs take strings or {{"b64": ...}} objects, not {_json_kind(value)}',
+            )
+    return out
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, list):
+        return "a list (the nesting is ragged)"
+    return "a number" if isinstance(value, int | float) else type(value).__name__
 
 
 def encode_predict(outputs: Arrays, rows: bool) -> bytes:

@@ -21,7 +21,7 @@ from agent.api.transport import (
     server_timing,
     until_disconnect,
 )
-from agent.api.v2_codec import decode_request, encode_response
+from agent.api.v2_codec import check_classification, decode_request, encode_response
 from agent.errors import RequestError
 from agent.inference.service import InferRequest
 from agent.inference.versions import LoadedVersion
@@ -37,6 +37,8 @@ EXTENSIONS = [
     "model_configuration",
 ]
 _UNSUPPORTED_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
+_MAX_LENGTH_DIGITS = 18
+"""Digits of the longest Inference-Header-Content-Length read (bodies are far shorter)."""
 
 
 def _state(request: Request) -> ApiState:
@@ -181,12 +183,20 @@ async def handle_infer(
             "Inference-Header-Content-Length must be a non-negative integer",
             field="Inference-Header-Content-Length",
         )
+    if header is not None and len(header.strip()) > _MAX_LENGTH_DIGITS:
+        # int() refuses over 4,300 digits (a ValueError, a 500); no body is that long anyway
+        raise RequestError(
+            f"Inference-Header-Content-Length has {len(header.strip())} digits, more than any "
+            f"body's length ({_MAX_LENGTH_DIGITS} at most)",
+            field="Inference-Header-Content-Length",
+        )
     decoded = decode_request(
         body,
         int(header) if header is not None else None,
         lv.signature,
         max_elements=limits.max_tensor_elements,
     )
+    check_classification(decoded.outputs, lv.signature)
     params = decoded.parameters
     for key in _UNSUPPORTED_PARAMETERS:
         if key in params:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -23,6 +23,9 @@ from runtimes.signature import ModelSignature
 
 Arrays = dict[str, np.ndarray]
 _LE_LENGTH = struct.Struct("<I")
+MAX_DIMS = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
+"""The most dimensions numpy gives an array (NPY_MAXDIMS: 32 before numpy 2)."""
+_UNCLASSIFIABLE = frozenset({"BYTES", "BOOL"})
 
 
 @dataclass
@@ -41,7 +44,7 @@ class DecodedRequest:
 
     @property
     def binary_output_default(self) -> bool:
-        return bool(self.parameters.get("binary_data_output", False))
+        return self.parameters.get("binary_data_output", False) is True  # checked at decoding
 
 
 def _fail(field: str, message: str) -> RequestError:
@@ -73,6 +76,9 @@ def decode_request(
     if request_id is not None and not isinstance(request_id, str):
         raise _fail("id", "must be a string")
     parameters = _parameters(doc.get("parameters"), "parameters")
+    if not isinstance(parameters.get("binary_data_output", False), bool):
+        # "false" is a non-empty string: it must not read as true
+        raise _fail("parameters.binary_data_output", "must be true or false")
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise _fail("inputs", "must be a non-empty list of tensors")
@@ -104,6 +110,8 @@ def _parameters(value: Any, where: str) -> dict[str, Any]:
 def _shape(value: Any, where: str) -> list[int]:
     if not isinstance(value, list) or not all(type(d) is int and d >= 0 for d in value):
         raise _fail(where, "must be a list of non-negative integers")
+    if len(value) > MAX_DIMS:
+        raise _fail(where, f"has {len(value)} dimensions; at most {MAX_DIMS} are supported")
     return value
 
 
@@ -166,11 +174,7 @@ def _from_json(data: Any, datatype: str, shape: list[int], where: str) -> np.nda
         if datatype == "BYTES":
             flat = np.array(_flatten_bytes(data, where), dtype=object)
         else:
-            # a number out of the datatype's range is refused, not turned into inf or garbage
-            with np.errstate(over="raise", invalid="raise"):
-                flat = np.asarray(data, dtype=numpy_dtype(datatype)).reshape(-1)
-            if datatype == "BOOL" and not _all_bools(data):
-                raise _fail(where, "BOOL data must be true or false")
+            flat = json_array(data, datatype).reshape(-1)
     except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
         raise _fail(where, f"cannot be read as {datatype}: {exc}") from None
     expected = math.prod(shape)
@@ -179,8 +183,47 @@ def _from_json(data: Any, datatype: str, shape: list[int], where: str) -> np.nda
     return flat.reshape(shape)
 
 
-def _all_bools(data: list[Any]) -> bool:
-    return all(_all_bools(x) if isinstance(x, list) else isinstance(x, bool) for x in data)
+def json_array(values: Any, datatype: str) -> np.ndarray:
+    """JSON numbers, or booleans for BOOL, in nested lists, as an array of a V2 datatype.
+
+    numpy first reads the values with no type asked for, and the kind of array it makes tells
+    in one vectorised look whether they were all numbers (or all booleans): reading them
+    straight as the datatype would turn null into NaN, "1" into 1.0 and true into 1, and a
+    check of each value in Python would cost more than the decoding (the JSON path is
+    benchmarked). Numbers mixed with booleans still pass: numpy makes numbers of them.
+
+    Raises:
+        ValueError: the values are not of the datatype (the message says why), or ragged.
+        FloatingPointError: a value overflows the datatype.
+    """
+    parsed = np.asarray(values)
+    kind = parsed.dtype.kind
+    if datatype == "BOOL":
+        if kind != "b" and parsed.size:
+            raise ValueError("BOOL data must be true or false")
+        return parsed.astype(np.bool_, copy=False)
+    if kind == "S" and parsed.size:  # only TF Serving's {"b64": ...} values decode to bytes
+        raise ValueError(f"b64 values are for string inputs, not {datatype}")
+    if kind not in "iuf" and parsed.size:  # b: true/false, U: strings, O: null or objects
+        raise ValueError("the values must be numbers, not null, strings or true/false")
+    target = numpy_dtype(datatype)
+    if target.kind in "iu" and parsed.size:
+        if kind == "f":
+            # Floats, or integers no one numpy integer type holds (UINT64 values from 2**63
+            # next to small ones make float64): whole ones are read again as the datatype,
+            # exactly, numpy refusing any out of its range.
+            if not np.array_equal(parsed, np.trunc(parsed)):
+                raise ValueError(f"{datatype} data must be integers")
+            with np.errstate(over="raise", invalid="raise"):
+                return np.asarray(values, dtype=target)
+        if not np.can_cast(parsed.dtype, target):
+            # a cast between integer types wraps silently (300 as UINT8 is 44)
+            info = np.iinfo(cast("np.dtype[np.integer[Any]]", target))
+            if parsed.min() < info.min or parsed.max() > info.max:
+                raise ValueError(f"a value is out of range for {datatype} ({info.min}..{info.max})")
+    # a number out of the datatype's range is refused, not turned into inf or garbage
+    with np.errstate(over="raise", invalid="raise"):
+        return parsed.astype(target, copy=False)
 
 
 def _flatten_bytes(data: list[Any], where: str) -> list[bytes]:
@@ -254,6 +297,23 @@ def _decode_raw(body: bytes, signature: ModelSignature | None, max_elements: int
         )
     array = _from_binary(memoryview(body), spec.datatype, shape, "body")
     return DecodedRequest(None, {spec.name: array}, None, {"binary_data_output": True})
+
+
+def check_classification(
+    requested: list[RequestedOutput] | None, signature: ModelSignature
+) -> None:
+    """Refuse, before inference, classification of an output that has no order to rank by.
+
+    An output the model does not have is left to the inference service, which names it.
+    """
+    datatypes = {t.name: t.datatype for t in signature.outputs}
+    for i, output in enumerate(requested or ()):
+        datatype = datatypes.get(output.name)
+        if output.classification and datatype in _UNCLASSIFIABLE:
+            raise _fail(
+                f"outputs[{i}].parameters.classification",
+                f"output {output.name!r} is {datatype}; classification ranks numeric outputs only",
+            )
 
 
 def _requested_outputs(value: Any) -> list[RequestedOutput] | None:
@@ -344,10 +404,24 @@ def _to_binary(array: np.ndarray, datatype: str) -> bytes:
 
 
 def classify(array: np.ndarray, top: int) -> np.ndarray:
-    """Triton's classification extension: the top-N ``"<value>:<index>"`` strings per row."""
+    """Triton's classification extension: the top-N ``"<value>:<index>"`` strings per row,
+    highest first, equal values in index order.
+
+    Raises:
+        RequestError: the array is not numeric (:func:`check_classification` refuses that
+            before inference; this guards other callers).
+    """
+    if array.dtype.kind not in "iuf":
+        raise _fail("outputs", f"classification ranks numeric outputs only, not {array.dtype}")
     rows = array.reshape(array.shape[0], -1) if array.ndim > 1 else array.reshape(1, -1)
     top = min(top, rows.shape[1])
-    order = np.argsort(-rows, axis=1, kind="stable")[:, :top]
+    if rows.dtype.kind == "f":
+        order = np.argsort(-rows, axis=1, kind="stable")[:, :top]  # NaN stays last
+    else:
+        # -x wraps for integers (-200 as UINT8 is 56, -(-128) as INT8 is -128): sort the
+        # columns reversed, ascending and stable, and read that backwards
+        last = rows.shape[1] - 1
+        order = last - np.argsort(rows[:, ::-1], axis=1, kind="stable")[:, ::-1][:, :top]
     out = np.empty((rows.shape[0], top), dtype=object)
     for r, indices in enumerate(order):
         for c, index in enumerate(indices):

@@ -21,7 +21,10 @@ other crosses HTTP. With steady light load the aim is what is queued and nothing
 a real drop in load one request is held once.
 
 Outputs are split back by rows after checking each output has the summed row count (the
-runtime does that check). A failing batch fails only its own requests. A request that
+runtime does that check). A failing batch fails only its own requests, and of those only the
+ones at fault: some failures depend on one request's data and show only when the model runs (an
+index past an embedding table, a string that is not UTF-8), so a batch of several requests that
+fails that way is run again one request at a time (:func:`_run_batch`). A request that
 times out in the queue is answered with :class:`DeadlineExceededError` and never run; one whose
 caller went away (its future cancelled) is dropped.
 """
@@ -41,7 +44,7 @@ from agent.errors import DeadlineExceededError, OverloadedError, ShuttingDownErr
 from agent.inference.priority import lower_this_thread
 from agent.model_config import BatchingConfig
 from runtimes.base import Runtime
-from runtimes.errors import InferenceFailedError, RuntimeFailure
+from runtimes.errors import InferenceFailedError, InvalidInputError, RuntimeFailure
 
 Arrays = dict[str, np.ndarray]
 
@@ -74,12 +77,70 @@ class _Item:
     future: asyncio.Future[ItemResult] = field(repr=False)
 
 
-def _run_batch(runtime: Runtime, parts: list[Arrays]) -> Arrays:
-    """Stack the requests' inputs and run them, in the instance's thread: the copy of a batch
-    of images (2.4 MB for four 224x224 ones) is kept off the event loop."""
+# NOTE: the failures that may come from one request's data. InvalidInputError is a value the
+# backend refused at run time (a string that is not UTF-8); InferenceFailedError is the backend
+# failing while it ran valid-looking inputs (ONNX Runtime's Gather on an index past its table).
+# Any other error is about the instance or the model (DeviceUnavailableError, a RuntimeFailure
+# for a closed session, an exception no backend translated): running the requests again alone
+# would fail each of them the same way, only later, so they fail at once.
+_DATA_FAILURES: tuple[type[RuntimeFailure], ...] = (InvalidInputError, InferenceFailedError)
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """What an instance's thread made of one batch."""
+
+    results: list[Arrays | RuntimeFailure]
+    """Per request, in order: its outputs or its error."""
+    runs: list[tuple[int, float]]
+    """(rows, seconds) of every execution: one, or one more per request after a failure."""
+
+
+def _run_batch(name: str, runtime: Runtime, parts: list[Arrays], rows: list[int]) -> _Ran:
+    """Stack the requests' inputs, run them and split the outputs, in the instance's thread:
+    the copy of a batch of images (2.4 MB for four 224x224 ones) is kept off the event loop.
+
+    If a batch of several requests fails in a way that may come from one request's data, each
+    request runs again alone, so that only the offender gets the error. That costs at most one
+    run per request, once: a request that fails alone is not retried, and a failure of the
+    instance during the singles fails the rest at once.
+    """
+    started = time.monotonic()
     if len(parts) == 1:
-        return runtime.infer(parts[0])
-    return runtime.infer({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+        result = _run_one(name, runtime, parts[0])
+        return _Ran([result], [(rows[0], time.monotonic() - started)])
+    stacked = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    batch = _run_one(name, runtime, stacked)
+    runs = [(sum(rows), time.monotonic() - started)]
+    if not isinstance(batch, RuntimeFailure):
+        offsets = np.cumsum([0, *rows])
+        split: list[Arrays | RuntimeFailure] = [
+            {k: v[offsets[i] : offsets[i + 1]] for k, v in batch.items()} for i in range(len(parts))
+        ]
+        return _Ran(split, runs)
+    if not isinstance(batch, _DATA_FAILURES):
+        return _Ran([batch] * len(parts), runs)
+    results: list[Arrays | RuntimeFailure] = []
+    for part, part_rows in zip(parts, rows, strict=True):
+        started = time.monotonic()
+        result = _run_one(name, runtime, part)
+        runs.append((part_rows, time.monotonic() - started))
+        results.append(result)
+        if isinstance(result, RuntimeFailure) and not isinstance(result, _DATA_FAILURES):
+            results.extend([result] * (len(parts) - len(results)))  # the instance is gone
+            break
+    return _Ran(results, runs)
+
+
+def _run_one(name: str, runtime: Runtime, inputs: Arrays) -> Arrays | RuntimeFailure:
+    try:
+        return runtime.infer(inputs)
+    except RuntimeFailure as exc:
+        return exc
+    except Exception as exc:  # a backend bug must not take the server down
+        error = InferenceFailedError(f"{name}: {exc!r}")
+        error.__cause__ = exc
+        return error
 
 
 def shape_key(inputs: Arrays, batched: bool) -> tuple[object, ...]:
@@ -132,6 +193,7 @@ class Batcher:
         self._last_rows = 0
         self._hold_until: float | None = None
         self._hold_rows = 0
+        self._rerun_batches = 0
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -168,6 +230,11 @@ class Batcher:
     @property
     def running(self) -> int:
         return len(self._running)
+
+    @property
+    def rerun_batches(self) -> int:
+        """Batches that failed and were run again one request at a time (:func:`_run_batch`)."""
+        return self._rerun_batches
 
     # -- submission -----------------------------------------------------------------------
 
@@ -275,7 +342,11 @@ class Batcher:
         work = None
         if live:
             work = self._executors[instance].submit(
-                _run_batch, self._runtimes[instance], [i.inputs for i in live]
+                _run_batch,
+                self.name,
+                self._runtimes[instance],
+                [i.inputs for i in live],
+                [i.rows for i in live],
             )
         task = asyncio.create_task(
             self._execute(instance, live, work, time.monotonic(), prev, delivered),
@@ -411,7 +482,7 @@ class Batcher:
         self,
         instance: int,
         live: list[_Item],
-        work: Future[Arrays] | None,
+        work: Future[_Ran] | None,
         started: float,
         prev: asyncio.Future[None] | None,
         delivered: asyncio.Future[None] | None,
@@ -420,19 +491,20 @@ class Batcher:
         try:
             if work is None:
                 return
-            try:
-                outputs = await asyncio.wrap_future(work)
-                error: BaseException | None = None
-            except RuntimeFailure as exc:
-                outputs, error = {}, exc
-            except Exception as exc:  # a backend bug must not take the server down
-                outputs, error = {}, InferenceFailedError(f"{self.name}: {exc!r}")
-            compute_s = time.monotonic() - started
             rows = sum(i.rows for i in live)
+            try:
+                ran = await asyncio.wrap_future(work)
+            except Exception as exc:  # _run_batch answers every error; this is a bug of ours
+                error = InferenceFailedError(f"{self.name}: {exc!r}")
+                ran = _Ran([error] * len(live), [(rows, time.monotonic() - started)])
+            compute_s = time.monotonic() - started
             self._last_rows = rows
             self._learn(rows, compute_s)
+            if len(ran.runs) > 1:
+                self._rerun_batches += 1
             if self._observer is not None:
-                self._observer(rows, compute_s)
+                for run_rows, run_s in ran.runs:  # a batch run again counts every execution
+                    self._observer(run_rows, run_s)
             # The next batch starts before this one's answers are written: the instance does
             # not wait for the event loop to get round to the scheduler.
             self._free.append(instance)
@@ -440,7 +512,7 @@ class Batcher:
             self._start_next()
             if prev is not None:
                 await asyncio.shield(prev)  # preserve_ordering: earlier batches answer first
-            self._deliver(live, outputs, error, started, compute_s, rows)
+            self._deliver(live, ran, started, compute_s, rows)
         finally:
             if not freed:
                 self._free.append(instance)
@@ -456,29 +528,19 @@ class Batcher:
             self._dispatch(self._free.pop(), batch)
 
     def _deliver(
-        self,
-        items: list[_Item],
-        outputs: Arrays,
-        error: BaseException | None,
-        started: float,
-        compute_s: float,
-        rows: int,
+        self, items: list[_Item], ran: _Ran, started: float, compute_s: float, rows: int
     ) -> None:
-        offset = 0
-        for item in items:
+        alone = len(ran.runs) > 1  # run again one by one: each request's batch was itself
+        for item, result in zip(items, ran.results, strict=True):
             if item.future.done():  # cancelled while running: nobody to answer
-                offset += item.rows
                 continue
-            if error is not None:
-                item.future.set_exception(error)
+            if isinstance(result, RuntimeFailure):
+                item.future.set_exception(result)
                 continue
-            part = (
-                outputs
-                if len(items) == 1
-                else {k: v[offset : offset + item.rows] for k, v in outputs.items()}
+            batch_rows = item.rows if alone else rows
+            item.future.set_result(
+                ItemResult(result, started - item.enqueued, compute_s, batch_rows)
             )
-            offset += item.rows
-            item.future.set_result(ItemResult(part, started - item.enqueued, compute_s, rows))
 
     def _learn(self, rows: int, compute_s: float) -> None:
         self._batch_s += 0.2 * (compute_s - self._batch_s)

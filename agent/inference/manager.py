@@ -4,7 +4,9 @@ A model serves the versions its version policy selects. ``load(model)`` re-reads
 directory and config, loads and warms what is new, then swaps the served set in one
 assignment, so new requests see either the old set or the new one. Versions that drop out
 finish the requests already routed to them before they are closed. If anything new fails to
-load or warm, the served set is left as it was and the failure is recorded and raised.
+load or warm, the served set is left as it was and the failure is recorded and raised. Any
+error while loading a version (a bug too) leaves that version UNAVAILABLE with the reason, and
+the start-up load goes on to the next model.
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.errors import LoadError, MemoryBudgetError, ModelNotFoundError, ModelNotReadyError
+from agent.errors import (
+    AgentError,
+    LoadError,
+    MemoryBudgetError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+)
 from agent.inference.batcher import Batcher, BatchObserver
 from agent.inference.priority import run_lowered
 from agent.inference.stats import VersionStats
@@ -155,8 +163,11 @@ class ModelManager:
         for name in self._repository_models():
             try:
                 await self.load(name)
-            except (LoadError, ModelNotFoundError) as exc:
+            except AgentError as exc:  # LoadError, MemoryBudgetError, ModelNotFoundError
                 log.error("model failed to load", extra={"model": name, "reason": str(exc)})
+            except Exception:
+                # a bug of ours: one model must not stop the start-up load of the others
+                log.exception("model failed to load", extra={"model": name})
 
     async def load(self, model: str) -> ModelEntry:
         """(Re)load ``model`` from the repository and switch to what its policy selects."""
@@ -187,7 +198,7 @@ class ModelManager:
                     fresh[version] = await self._load_version(
                         entry, version, versions[version], config
                     )
-        except LoadError:
+        except Exception:  # LoadError, or MemoryBudgetError for a version after the first
             for lv in fresh.values():  # all or nothing: drop what this attempt loaded
                 if lv.version in entry.served:
                     entry.status[lv.version] = VersionStatus(VersionState.READY)
@@ -240,19 +251,25 @@ class ModelManager:
                 settings.compute_nice_offset, f"load:{name}", load
             )
             load_s = time.monotonic() - started
-        except (RuntimeFailure, LoadError) as exc:
-            reason = str(exc)
+        except Exception as exc:
+            # Whatever went wrong, the version must not stay LOADING: it is UNAVAILABLE with
+            # the reason, and the error raised is one the API and the start-up load expect.
+            reason = str(exc) or repr(exc)
             # A version that was serving keeps its READY status; the failure is the new one's.
             if version in entry.served and previous is not None:
                 entry.status[version] = previous
             else:
                 entry.status[version] = VersionStatus(VersionState.UNAVAILABLE, reason)
+            expected = isinstance(exc, (RuntimeFailure, AgentError))
             log.error(
                 "version failed to load",
+                exc_info=None if expected else exc,  # anything else is a bug: its traceback
                 extra={"model": entry.name, "version": version, "reason": reason},
             )
-            if isinstance(exc, LoadError):
-                raise
+            if isinstance(exc, MemoryBudgetError) or (
+                isinstance(exc, AgentError) and not isinstance(exc, LoadError)
+            ):
+                raise  # as it is: MemoryBudgetError keeps its code (and its 409)
             raise LoadError(f"model {entry.name!r} version {version}: {reason}") from exc
         stats = VersionStats()
         observer: BatchObserver = stats.record_batch

@@ -141,8 +141,10 @@ def warm_up(runtimes: list[Runtime], version_dir: Path, config: ModelConfig) -> 
     """Run the golden sample (or, without one, zeros of batch 1) through every instance.
 
     Raises:
-        LoadError: the golden output does not match, or a golden file is required and absent.
+        LoadError: a tensor has a datatype the agent cannot carry, the golden output does not
+            match, or a golden file is required and absent.
     """
+    check_datatypes(runtimes[0].signature)
     golden_path = version_dir / GOLDEN_FILE
     if config.warmup.golden and golden_path.is_file():
         golden = GoldenSample.load(golden_path)
@@ -162,6 +164,24 @@ def warm_up(runtimes: list[Runtime], version_dir: Path, config: ModelConfig) -> 
             runtime.infer(zeros)
     except RuntimeFailure as exc:
         raise LoadError(f"warm-up with zeros failed: {exc}") from exc
+
+
+def check_datatypes(signature: ModelSignature) -> None:
+    """Refuse a model with a tensor the agent has no numpy type for (BF16): a backend may load
+    it, but no request could be decoded for it nor its answer encoded.
+
+    Raises:
+        LoadError: naming the first such tensor and its datatype.
+    """
+    for role, specs in (("input", signature.inputs), ("output", signature.outputs)):
+        for spec in specs:
+            try:
+                numpy_dtype(spec.datatype)
+            except KeyError:
+                raise LoadError(
+                    f"{role} {spec.name!r} has datatype {spec.datatype}, which this agent "
+                    "cannot serve (it has no numpy equivalent)"
+                ) from None
 
 
 def _zeros(spec: TensorSpec) -> np.ndarray:

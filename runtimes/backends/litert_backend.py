@@ -75,8 +75,8 @@ class LiteRtBackend(Runtime):
         self._inputs = {d["name"]: d["index"] for d in self._interpreter.get_input_details()}
         self._outputs = {d["name"]: d["index"] for d in self._interpreter.get_output_details()}
         return ModelSignature(
-            inputs=tuple(_spec(d) for d in self._interpreter.get_input_details()),
-            outputs=tuple(_spec(d) for d in self._interpreter.get_output_details()),
+            inputs=tuple(_spec(d, "input") for d in self._interpreter.get_input_details()),
+            outputs=tuple(_spec(d, "output") for d in self._interpreter.get_output_details()),
         )
 
     def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -103,14 +103,17 @@ class LiteRtBackend(Runtime):
         self._interpreter = None
 
 
-def _spec(detail: dict[str, Any]) -> TensorSpec:
+def _spec(detail: dict[str, Any], role: str) -> TensorSpec:
     signature = detail.get("shape_signature")
     shape = signature if signature is not None and len(signature) else detail["shape"]
-    return TensorSpec(
-        name=detail["name"],
-        datatype=from_numpy(np.dtype(detail["dtype"])),
-        shape=tuple(int(d) for d in shape),
-    )
+    try:
+        datatype = from_numpy(np.dtype(detail["dtype"]))
+    except KeyError:  # complex64, for one
+        raise UnsupportedModelError(
+            f"litert: {role} {detail['name']!r} has type {np.dtype(detail['dtype'])}, which "
+            "has no V2 datatype"
+        ) from None
+    return TensorSpec(name=detail["name"], datatype=datatype, shape=tuple(int(d) for d in shape))
 
 
 def _translate(exc: Exception, model_file: Path) -> RuntimeFailure:

@@ -79,10 +79,14 @@ class OnnxRuntimeBackend(Runtime):
             if pending is not None:
                 _publish(pending, ok=self._session is not None)
         self._output_names = [o.name for o in self._session.get_outputs()]
-        return ModelSignature(
-            inputs=tuple(_spec(i) for i in self._session.get_inputs()),
-            outputs=tuple(_spec(o) for o in self._session.get_outputs()),
-        )
+        try:
+            return ModelSignature(
+                inputs=tuple(_spec(i, "input") for i in self._session.get_inputs()),
+                outputs=tuple(_spec(o, "output") for o in self._session.get_outputs()),
+            )
+        except UnsupportedModelError:
+            self._session = None
+            raise
 
     def _session_options(self, ort: Any) -> Any:
         s = self.settings
@@ -173,9 +177,17 @@ def _strings_to_bytes(array: np.ndarray) -> np.ndarray:
     return out
 
 
-def _spec(arg: Any) -> TensorSpec:
+def _spec(arg: Any, role: str) -> TensorSpec:
+    try:
+        datatype = from_onnx(arg.type)
+    except KeyError:
+        # sequences and maps (skl2onnx's ZipMap gives seq(map(int64,tensor(float))))
+        raise UnsupportedModelError(
+            f"onnxruntime: {role} {arg.name!r} has type {arg.type}; only tensors of the V2 "
+            "datatypes are served"
+        ) from None
     shape = tuple(d if isinstance(d, int) and d >= 0 else DYNAMIC for d in (arg.shape or ()))
-    return TensorSpec(name=arg.name, datatype=from_onnx(arg.type), shape=shape)
+    return TensorSpec(name=arg.name, datatype=datatype, shape=shape)
 
 
 def _message(exc: Exception) -> str:

@@ -71,8 +71,8 @@ class OpenVinoBackend(Runtime):
         self._lock = threading.Lock()
         self._outputs = [(port, port.get_any_name()) for port in self._compiled.outputs]
         return ModelSignature(
-            inputs=tuple(_spec(p) for p in self._compiled.inputs),
-            outputs=tuple(_spec(p) for p in self._compiled.outputs),
+            inputs=tuple(_spec(p, "input") for p in self._compiled.inputs),
+            outputs=tuple(_spec(p, "output") for p in self._compiled.outputs),
         )
 
     def _config(self, device: str, placement: Placement) -> dict[str, Any]:
@@ -113,13 +113,17 @@ class OpenVinoBackend(Runtime):
         self._compiled = None
 
 
-def _spec(port: Any) -> TensorSpec:
+def _spec(port: Any, role: str) -> TensorSpec:
     shape = tuple(DYNAMIC if d.is_dynamic else d.get_length() for d in port.get_partial_shape())
-    return TensorSpec(
-        name=port.get_any_name(),
-        datatype=from_openvino(port.get_element_type().get_type_name()),
-        shape=shape,
-    )
+    type_name = port.get_element_type().get_type_name()
+    try:
+        datatype = from_openvino(type_name)
+    except KeyError:  # u4, f8e4m3, nf4...: no V2 datatype
+        raise UnsupportedModelError(
+            f"openvino: {role} {port.get_any_name()!r} has element type {type_name}, which "
+            "has no V2 datatype"
+        ) from None
+    return TensorSpec(name=port.get_any_name(), datatype=datatype, shape=shape)
 
 
 def _message(exc: Exception) -> str:

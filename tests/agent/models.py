@@ -1,4 +1,5 @@
-"""Small test models beyond the examples: a BYTES model (ONNX StringNormalizer)."""
+"""Small test models beyond the examples: a BYTES model (ONNX StringNormalizer), an embedding
+lookup whose failure depends on the data, and models with types the agent does not serve."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from runtimes.golden import GoldenSample
 
@@ -30,4 +31,63 @@ def write_upper_model(repository: Path, name: str = "upper") -> Path:
         {"text": np.array([b"edge", b"fleet"], dtype=object)},
         {"upper": np.array([b"EDGE", b"FLEET"], dtype=object)},
     ).save(version_dir / "golden.npz")
+    return version_dir
+
+
+EMBEDDING_ROWS = 10
+EMBEDDING_WIDTH = 4
+
+
+def embedding_table() -> np.ndarray:
+    """The rows :func:`write_embedding_model` looks up: row ``i`` holds ``4i .. 4i+3``."""
+    return np.arange(EMBEDDING_ROWS * EMBEDDING_WIDTH, dtype=np.float32).reshape(
+        EMBEDDING_ROWS, EMBEDDING_WIDTH
+    )
+
+
+def write_embedding_model(repository: Path, name: str = "emb", config: str = "") -> Path:
+    """INT64 indices in, FP32 rows out (Gather on a table): an index past the table fails only
+    when the model runs, so whether a batch fails depends on one request's data."""
+    table = numpy_helper.from_array(embedding_table(), "table")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "index"], ["vector"], axis=0)], name,
+        [helper.make_tensor_value_info("index", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("vector", TensorProto.FLOAT, ["N", EMBEDDING_WIDTH])],
+        [table],
+    )  # fmt: skip
+    return _save(graph, repository, name, config)
+
+
+def write_bf16_input_model(repository: Path, name: str = "bf16") -> Path:
+    """A BF16 input (cast to FP32): ONNX Runtime loads it, the agent has no numpy type for it."""
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], name,
+        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, ["N", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+    )  # fmt: skip
+    return _save(graph, repository, name)
+
+
+def write_sequence_output_model(repository: Path, name: str = "seqout") -> Path:
+    """An output that is a sequence of tensors, not a tensor (as skl2onnx's ZipMap gives)."""
+    sequence = helper.make_sequence_type_proto(
+        helper.make_tensor_type_proto(TensorProto.FLOAT, ["N"])
+    )
+    graph = helper.make_graph(
+        [helper.make_node("SequenceConstruct", ["x"], ["s"])], name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])],
+        [helper.make_value_info("s", sequence)],
+    )  # fmt: skip
+    return _save(graph, repository, name)
+
+
+def _save(graph: onnx.GraphProto, repository: Path, name: str, config: str = "") -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    version_dir = repository / name / "1"
+    version_dir.mkdir(parents=True)
+    onnx.save(model, version_dir / "model.onnx")
+    if config:
+        (repository / name / "config.toml").write_text(config)
     return version_dir

@@ -54,6 +54,15 @@ V2_CASES = [
     ("too many elements", {"inputs": [tensor(shape=[400, 256], data=ROW)]}, 400, "exceed the limit of 100000", "invalid_request"),
     ("too many rows", {"inputs": [tensor(shape=[65, 256], data=ROW * 65)]}, 400, "65 rows exceed the limit of 64", "invalid_request"),
     ("BOOL data in FP32", {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [1]}]}, 400, "BYTES data must be strings", "invalid_request"),
+    ("null in FP32 data", {"inputs": [tensor(data=[None, *ROW[1:]])]}, 400, "inputs[0].data: cannot be read as FP32", "invalid_request"),
+    ("a number as a string", {"inputs": [tensor(data=["1", *ROW[1:]])]}, 400, "inputs[0].data: cannot be read as FP32", "invalid_request"),
+    ("booleans in FP32 data", {"inputs": [tensor(data=[True] * 256)]}, 400, "inputs[0].data: cannot be read as FP32", "invalid_request"),
+    ("more than 64 dimensions", {"inputs": [tensor(shape=[1] * 65, data=[0.5])]}, 400, "inputs[0].shape: has 65 dimensions", "invalid_request"),
+    ("binary_data_output not a boolean", {"inputs": [tensor()], "parameters": {"binary_data_output": "false"}}, 400, "parameters.binary_data_output", "invalid_request"),
+    ("binary_data not a boolean", {"inputs": [tensor()], "outputs": [{"name": "output", "parameters": {"binary_data": 0}}]}, 400, "outputs[0].parameters.binary_data", "invalid_request"),
+    ("classification of a BYTES output", {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}],
+                                          "outputs": [{"name": "upper", "parameters": {"classification": 1}}]},
+     400, "outputs[0].parameters.classification: output 'upper' is BYTES", "invalid_request"),
 ]  # fmt: skip
 
 
@@ -141,6 +150,38 @@ def test_binary_extension_mistakes(agent: RunningAgent, what: str, build: Any, n
     assert needle in resp.json()["error"]
 
 
+def test_binary_tensor_of_more_than_64_dimensions(agent: RunningAgent) -> None:
+    head = json.dumps({"inputs": [{"name": "input", "shape": [1] * 65, "datatype": "FP32",
+                                   "parameters": {"binary_data_size": 4}}]}).encode()  # fmt: skip
+    resp = agent.client.post("/v2/models/mlp/infer", content=head + b"\x00" * 4,
+                             headers={"Inference-Header-Content-Length": str(len(head))})  # fmt: skip
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"].startswith("inputs[0].shape: has 65 dimensions")
+
+
+def test_header_length_of_thousands_of_digits(agent: RunningAgent) -> None:
+    resp = agent.client.post(
+        "/v2/models/mlp/infer",
+        content=b"{}",
+        headers={"Inference-Header-Content-Length": "1" * 5000},
+    )
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"].startswith("Inference-Header-Content-Length")
+
+
+def test_classification_refused_before_the_model_runs(agent: RunningAgent) -> None:
+    def runs() -> int:
+        stats = agent.client.get("/v2/models/upper/stats").json()["model_stats"][0]
+        return int(stats["execution_count"])
+
+    before = runs()
+    body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}],
+            "outputs": [{"name": "upper", "parameters": {"classification": 2}}]}  # fmt: skip
+    resp = agent.client.post("/v2/models/upper/infer", json=body)
+    assert resp.status_code == 400, resp.text
+    assert runs() == before
+
+
 def test_binary_size_not_matching_shape(agent: RunningAgent) -> None:
     head = json.dumps({"inputs": [{"name": "input", "shape": [1, 256], "datatype": "FP32",
                                    "parameters": {"binary_data_size": 1000}}]}).encode()  # fmt: skip
@@ -172,6 +213,9 @@ TFS_CASES = [
     ("b64 for a float input", {"instances": [{"b64": "AAAA"}]}, "b64 values are for string inputs"),
     ("bad base64", {"instances": [{"b64": "!!"}]}, "b64: is not valid base64"),
     ("wrong row length", {"instances": [ROW[:100]]}, "shape"),
+    ("null in instances", {"instances": [[None, *ROW[1:]]]}, "instances: cannot be read as FP32"),
+    ("null in columns", {"inputs": {"input": [[None, *ROW[1:]]]}}, "inputs.input: cannot be read as FP32"),
+    ("a number as a string", {"instances": [["1", *ROW[1:]]]}, "instances: cannot be read as FP32"),
 ]  # fmt: skip
 
 
@@ -182,6 +226,33 @@ def test_tf_serving_mistakes(
     resp = agent.client.post("/v1/models/mlp:predict", json=body)
     assert resp.status_code == 400, resp.text
     assert needle in resp.json()["error"]
+
+
+TFS_STRING_CASES = [
+    ("a number", {"instances": ["a", 3]}, "instances[1]: string inputs take strings"),
+    ("null", {"instances": ["a", None]}, "instances[1]: string inputs take strings"),
+    ("a list among strings", {"instances": ["a", ["b", "c"]]}, "instances[1]: string inputs take strings"),
+    ("a number in columns", {"inputs": ["a", "b", 3]}, "inputs[2]: string inputs take strings"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("what", "body", "needle"), TFS_STRING_CASES, ids=[c[0] for c in TFS_STRING_CASES]
+)
+def test_tf_serving_string_inputs_take_only_strings(
+    agent: RunningAgent, what: str, body: dict[str, Any], needle: str
+) -> None:
+    resp = agent.client.post("/v1/models/upper:predict", json=body)
+    assert resp.status_code == 400, resp.text
+    assert needle in resp.json()["error"]
+
+
+def test_tf_serving_string_inputs_as_strings_and_b64(agent: RunningAgent) -> None:
+    resp = agent.client.post(
+        "/v1/models/upper:predict", json={"instances": ["edge", {"b64": "ZmxlZXQ="}]}
+    )
+    assert resp.status_code == 200, resp.text
+    assert resp.json() == {"predictions": ["EDGE", "FLEET"]}
 
 
 def test_repository_api_mistakes(agent: RunningAgent) -> None:

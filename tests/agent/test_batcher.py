@@ -1,5 +1,6 @@
 """The batcher on its own, with fake runtimes (our interface, no backend): shape grouping,
-error isolation, preferred sizes, row checks, closing."""
+error isolation (a failed batch run again one request at a time), preferred sizes, row checks,
+closing."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from agent.errors import ShuttingDownError
 from agent.inference.batcher import Batcher
 from agent.model_config import BatchingConfig
 from runtimes.base import Placement, Runtime
-from runtimes.errors import InferenceFailedError
+from runtimes.errors import DeviceUnavailableError, InferenceFailedError, RuntimeFailure
 from runtimes.signature import ModelSignature, TensorSpec
 
 
@@ -27,11 +28,16 @@ class EchoRuntime(Runtime):
     formats = frozenset()
 
     def __init__(
-        self, fail_on_negative: bool = False, wrong_rows: bool = False, compute_s: float = 0.0
+        self,
+        fail_on_negative: bool = False,
+        wrong_rows: bool = False,
+        compute_s: float = 0.0,
+        failure: type[RuntimeFailure] = InferenceFailedError,
     ) -> None:
         super().__init__()
         self.batches: list[tuple[int, ...]] = []
         self.fail_on_negative, self.wrong_rows = fail_on_negative, wrong_rows
+        self.failure = failure
         self.compute_s = compute_s
         self.hold = threading.Event()
         self.hold.set()
@@ -49,7 +55,7 @@ class EchoRuntime(Runtime):
         x = inputs["x"]
         self.batches.append(x.shape)
         if self.fail_on_negative and (x < 0).any():
-            raise InferenceFailedError("negative input")
+            raise self.failure("negative input")
         y = x * 2
         return {"y": y[:-1] if self.wrong_rows else y}
 
@@ -108,7 +114,7 @@ def test_only_requests_with_the_same_non_batch_shape_share_a_batch() -> None:
     run(main())
 
 
-def test_a_failing_batch_fails_only_its_own_requests() -> None:
+def test_a_failing_batch_fails_only_the_request_at_fault() -> None:
     async def main() -> None:
         rt = EchoRuntime(fail_on_negative=True)
         b = _held_batcher(rt, max_batch_size=2)
@@ -116,11 +122,42 @@ def test_a_failing_batch_fails_only_its_own_requests() -> None:
         arrays = [np.full((1, 4), v, np.float32) for v in (1, -1, 2, 3)]  # batches: [1,-1] [2,3]
         results = await _hold_then_release(b, rt, arrays)
         await b.close()
-        assert isinstance(results[0], InferenceFailedError) and isinstance(
-            results[1], InferenceFailedError
-        )
-        np.testing.assert_array_equal(results[2].outputs["y"], arrays[2] * 2)  # type: ignore[union-attr]
-        np.testing.assert_array_equal(results[3].outputs["y"], arrays[3] * 2)  # type: ignore[union-attr]
+        assert isinstance(results[1], InferenceFailedError)
+        for i in (0, 2, 3):
+            np.testing.assert_array_equal(results[i].outputs["y"], arrays[i] * 2)  # type: ignore[union-attr]
+        # the failed batch ran again one request at a time, once; the other batch as one
+        assert rt.batches[1:] == [(2, 4), (1, 4), (1, 4), (2, 4)]
+        assert b.rerun_batches == 1
+        assert results[0].batch_rows == 1 and results[2].batch_rows == 2  # type: ignore[union-attr]
+
+    run(main())
+
+
+def test_a_failure_of_the_instance_fails_the_whole_batch_without_running_it_again() -> None:
+    async def main() -> None:
+        rt = EchoRuntime(fail_on_negative=True, failure=DeviceUnavailableError)
+        b = _held_batcher(rt, max_batch_size=2)
+        b.start()
+        arrays = [np.full((1, 4), v, np.float32) for v in (1, -1)]
+        results = await _hold_then_release(b, rt, arrays)
+        (alone,) = await _submit_all(b, [np.full((1, 4), -1, np.float32)])
+        await b.close()
+        assert all(isinstance(r, DeviceUnavailableError) for r in results)
+        assert isinstance(alone, DeviceUnavailableError)
+        assert rt.batches[1:] == [(2, 4), (1, 4)] and b.rerun_batches == 0
+
+    run(main())
+
+
+def test_a_request_that_fails_alone_is_not_run_again() -> None:
+    async def main() -> None:
+        rt = EchoRuntime(fail_on_negative=True)
+        b = _held_batcher(rt, max_batch_size=4)
+        b.start()
+        (result,) = await _submit_all(b, [np.full((3, 4), -1, np.float32)])
+        await b.close()
+        assert isinstance(result, InferenceFailedError)
+        assert rt.batches == [(3, 4)] and b.rerun_batches == 0
 
     run(main())
 
