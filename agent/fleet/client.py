@@ -30,11 +30,12 @@ from agent.fleet.settings import FleetSettings
 from agent.fleet.state import StateFiles
 from agent.fleet.store import ModelStore
 from agent.fleet.telemetry import TelemetryCollector
-from agent.fleet.updater import Report, Updater
+from agent.fleet.updater import Item, Report, Updater
 from agent.inference.manager import ModelManager
 from agent.metrics import AgentMetrics
 from agent.protocol.errors import ProtocolError, Rejection
 from agent.protocol.messages import (
+    Command,
     DesiredState,
     DeviceStatus,
     ServedModel,
@@ -44,7 +45,7 @@ from agent.protocol.messages import (
 )
 from agent.protocol.signing import apply_trust_update, parse_envelope
 from agent.protocol.topics import Topics
-from agent.protocol.verify import DeviceIdentity, verify_command, verify_manifest
+from agent.protocol.verify import DeviceIdentity, claimed, verify_command, verify_manifest
 from runtimes.errors import NoPlacementError
 from runtimes.formats import ModelFormat
 from runtimes.hardware.context import HardwareContext
@@ -94,8 +95,12 @@ class FleetClient:
         self.store = ModelStore(manager.repository)
         self.store.recover()
         self._queued: set[tuple[str, int]] = set()
-        self._last_desired: bytes | None = None
         """(model, sequence) of manifests submitted and not finished: redeliveries are ignored."""
+        self._commands_queued: set[str] = set()
+        """Ids of commands submitted and not run yet: recorded as executed only once they ran,
+        so a crash before loses nothing (the redelivered command is run), and a duplicate
+        delivered meanwhile is ignored."""
+        self._last_desired: bytes | None = None
         self.outbox = Outbox(
             settings.state_dir / "outbox.sqlite3",
             max_bytes=settings.outbox_max_bytes,
@@ -110,7 +115,7 @@ class FleetClient:
             settings,
             self._report,
             self._status_changed,
-            on_done=self._queued.discard,
+            on_done=self._done,
         )
         self.telemetry = TelemetryCollector(manager, accelerators)
         self.connected = asyncio.Event()
@@ -140,6 +145,10 @@ class FleetClient:
                     "broker connection lost",
                     extra={"error": str(exc), "retry_in_s": round(delay, 2)},
                 )
+            except Exception:
+                # Anything else (a TLS file missing mid-rotation, a bug) ends this session, not
+                # the fleet client: a device that stops trying is off the fleet until restarted.
+                log.exception("fleet session failed", extra={"retry_in_s": round(delay, 2)})
             finally:
                 self.connected.clear()
             # NOTE: jitter spreads a fleet's reconnects after a broker restart.
@@ -279,25 +288,31 @@ class FleetClient:
         self._wake.set()
 
     async def _telemetry_loop(self) -> None:
-        topic = self.topics.telemetry(self.device_id)
         while True:
             await asyncio.sleep(self.settings.telemetry_interval_s)
-            window, models, device = self.telemetry.collect()
-            body = Telemetry(
-                device_id=self.device_id,
-                seq=1,
-                time=datetime.now(UTC),
-                window_s=window,
-                models=models,
-                device=device,
-                dropped=self.outbox.dropped("telemetry"),
-            )
+            try:
+                self._telemetry_round()
+            except Exception:
+                # one round lost, not the telemetry for good (and with it the fleet client)
+                log.exception("telemetry round failed")
 
-            def make(seq: int, body: Telemetry = body) -> bytes:
-                return body.model_copy(update={"seq": seq}).model_dump_json().encode()
+    def _telemetry_round(self) -> None:
+        window, models, device = self.telemetry.collect()
+        body = Telemetry(
+            device_id=self.device_id,
+            seq=1,
+            time=datetime.now(UTC),
+            window_s=window,
+            models=models,
+            device=device,
+            dropped=self.outbox.dropped("telemetry"),
+        )
 
-            self.outbox.put_numbered(topic, make, "telemetry")
-            self._wake.set()
+        def make(seq: int) -> bytes:
+            return body.model_copy(update={"seq": seq}).model_dump_json().encode()
+
+        self.outbox.put_numbered(self.topics.telemetry(self.device_id), make, "telemetry")
+        self._wake.set()
 
     async def _drain(self, client: aiomqtt.Client) -> None:
         """Publish the status when it changed, then the outbox oldest first; a row leaves the
@@ -401,6 +416,21 @@ class FleetClient:
                     continue  # the retained state we already applied (or already refused)
                 self._rejected("desired", exc)
                 continue
+            except Exception as exc:
+                # A bug that one manifest trips costs that manifest, not the other models' ones
+                # in the same desired state.
+                log.exception("manifest verification failed")
+                model, sequence = claimed(raw.get("signed"))
+                self._rejected(
+                    "desired",
+                    ProtocolError(
+                        Rejection.MALFORMED,
+                        f"manifest could not be verified: {type(exc).__name__}: {exc}",
+                        model=model,
+                        sequence=sequence,
+                    ),
+                )
+                continue
             key = (vm.manifest.model, vm.manifest.sequence)
             if key in self._queued:
                 continue  # redelivered while still being applied
@@ -426,13 +456,24 @@ class FleetClient:
 
     def _on_command(self, payload: bytes) -> None:
         command = verify_command(payload, self.trust, self.device_id, datetime.now(UTC))
-        if command.command_id in self.state.executed_commands:
+        cid = command.command_id
+        if cid in self.state.executed_commands or cid in self._commands_queued:
             return
-        self.state.executed_commands = [*self.state.executed_commands, command.command_id][
-            -REMEMBERED_COMMANDS:
-        ]
-        self.files.save_state(self.state)
+        self._commands_queued.add(cid)
+        log.info("command queued", extra={"command_id": cid, "model": command.model})
         self.updater.submit(command)
+
+    def _done(self, item: Item) -> None:
+        if isinstance(item, Command):
+            # Recorded once it ran: running one twice is harmless (a rollback naming the version
+            # it leaves finds it gone the second time), losing one is not.
+            self._commands_queued.discard(item.command_id)
+            self.state.executed_commands = [*self.state.executed_commands, item.command_id][
+                -REMEMBERED_COMMANDS:
+            ]
+            self.files.save_state(self.state)
+        else:
+            self._queued.discard((item.manifest.model, item.manifest.sequence))
 
     def _on_trust(self, payload: bytes) -> None:
         envelope = parse_envelope(payload)

@@ -20,6 +20,7 @@ import time
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -35,7 +36,7 @@ from agent.inference.versions import LoadedVersion
 from agent.model_config import CONFIG_FILE, ModelConfig
 from agent.protocol.errors import ProtocolError, Rejection
 from agent.protocol.messages import Command, HealthCriteria, ModelManifest, UpdateState
-from agent.protocol.verify import VerifiedManifest
+from agent.protocol.verify import VerifiedManifest, verify_window
 from runtimes.errors import RuntimeFailure, validation_message
 from runtimes.golden import GOLDEN_FILE, GoldenSample
 
@@ -44,9 +45,9 @@ log = logging.getLogger("edgefleet.agent.fleet")
 # Failures worth a retry when the desired state comes again; the others mark the sequence failed.
 TRANSIENT = frozenset({Rejection.DOWNLOAD_FAILED, Rejection.DISK_FULL})
 BASELINE_S = 300.0
+"""How far back the previous version's latency is read for the p99 comparison."""
 RETRY_BASE_S = 2.0
 RETRY_MAX_S = 300.0
-"""How far back the previous version's latency is read for the p99 comparison."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Report:
 
 
 Reporter = Callable[[Report], None]
+Item = VerifiedManifest | Command
 
 
 class Updater:
@@ -74,8 +76,10 @@ class Updater:
         settings: FleetSettings,
         report: Reporter,
         on_change: Callable[[], None],
-        on_done: Callable[[tuple[str, int]], None] = lambda key: None,
+        on_done: Callable[[Item], None] = lambda item: None,
     ) -> None:
+        """``on_done`` is called once an item is finished: a command has run, a manifest was
+        applied or refused for good (not while a retry of it is scheduled)."""
         self.manager = manager
         self.store = store
         self.files = files
@@ -84,12 +88,16 @@ class Updater:
         self.report = report
         self.on_change = on_change
         self.on_done = on_done
-        self._queue: asyncio.Queue[VerifiedManifest | Command] = asyncio.Queue()
+        self._queue: asyncio.Queue[Item] = asyncio.Queue()
         self._retries: dict[tuple[str, int], int] = {}
-        self._timers: set[asyncio.Task[None]] = set()
+        """Attempts so far of the manifests deferred by a transient fault, by (model, sequence)."""
+        self._retrying: dict[tuple[str, int], tuple[VerifiedManifest, asyncio.Task[None]]] = {}
+        """Manifests waiting for their retry timer: not finished, so not reported done."""
         self.busy = False
 
-    def submit(self, item: VerifiedManifest | Command) -> None:
+    def submit(self, item: Item) -> None:
+        if isinstance(item, VerifiedManifest):
+            self._drop_older_retries(item.manifest)
         self._queue.put_nowait(item)
 
     async def run(self) -> None:
@@ -98,7 +106,7 @@ class Updater:
             try:
                 await self._serve(http)
             finally:
-                for task in self._timers:
+                for _, task in self._retrying.values():
                     task.cancel()
 
     async def _serve(self, http: httpx.AsyncClient) -> None:
@@ -115,9 +123,19 @@ class Updater:
                 # version keeps serving and the next desired state is still acted on
                 log.exception("update failed unexpectedly")
             finally:
-                if not isinstance(item, Command):
-                    self.on_done((item.manifest.model, item.manifest.sequence))
+                if isinstance(item, Command) or _key(item) not in self._retrying:
+                    self._finished(item)
                 self.busy = self._queue.qsize() > 0
+
+    def _finished(self, item: Item) -> None:
+        if isinstance(item, VerifiedManifest):
+            self._retries.pop(_key(item), None)
+        try:
+            self.on_done(item)
+        except Exception:
+            # the bookkeeping of a finished update (a state file on a full disk) must not stop
+            # the updater: it is what a redelivery would repeat, at worst
+            log.exception("recording a finished update failed")
 
     # -- manifests ------------------------------------------------------------------------
 
@@ -135,14 +153,33 @@ class Updater:
                 Report(state, m.model, m.version, m.sequence, m.rollout_id, code, reason, progress)
             )
 
+        self._drop_older_retries(m)
+        if m.sequence in (ms.committed_sequence, ms.failed_sequence):
+            return  # a copy queued while this one was applied: already reported
         floor = ms.floor()
-        if floor is not None and m.sequence <= floor:  # a newer one was applied while this waited
+        if floor is not None and m.sequence < floor:  # a newer one was applied while this waited
             say(
                 UpdateState.REJECTED,
                 Rejection.SUPERSEDED,
                 f"sequence {m.sequence} is not newer than {floor}",
             )
             return
+        if (m.model, m.sequence) in self._retries:
+            # verified on receipt, maybe long ago: a retry must not outlive the manifest
+            try:
+                verify_window(m, datetime.now(UTC))
+            except ProtocolError as exc:
+                log.warning(
+                    "update rejected",
+                    extra={
+                        "model": m.model,
+                        "version": m.version,
+                        "code": exc.code.value,
+                        "reason": exc.message,
+                    },
+                )
+                say(UpdateState.REJECTED, exc.code, exc.message)
+                return
         try:
             version_dir = await self._download(vm, http, say)
             say(UpdateState.VERIFIED)
@@ -343,20 +380,32 @@ class Updater:
         self.store.prune(m.model, set(sorted(keep)[-self.settings.keep_versions :]) | {m.version})
 
     def _retry_later(self, vm: VerifiedManifest) -> float:
-        """Queue ``vm`` again after a growing delay (network and disk faults pass)."""
-        key = (vm.manifest.model, vm.manifest.sequence)
+        """Queue ``vm`` again after a growing delay (network and disk faults pass). It stays
+        unfinished meanwhile, so a redelivered desired state does not queue a second copy."""
+        key = _key(vm)
         attempt = self._retries.get(key, 0) + 1
         self._retries[key] = attempt
         delay = float(min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (attempt - 1)))
 
         async def later() -> None:
             await asyncio.sleep(delay)
-            self.submit(vm)
+            del self._retrying[key]
+            self._queue.put_nowait(vm)
 
-        task = asyncio.create_task(later(), name=f"retry:{key}")
-        self._timers.add(task)
-        task.add_done_callback(self._timers.discard)
+        self._retrying[key] = (vm, asyncio.create_task(later(), name=f"retry:{key}"))
         return delay
+
+    def _drop_older_retries(self, m: ModelManifest) -> None:
+        """A newer sequence for the model replaces a deferred older one: retried after the
+        newer one, it could only be refused as superseded."""
+        for key in [k for k in self._retrying if k[0] == m.model and k[1] < m.sequence]:
+            vm, task = self._retrying.pop(key)
+            task.cancel()
+            log.info(
+                "deferred update replaced by a newer one",
+                extra={"model": m.model, "sequence": key[1], "by_sequence": m.sequence},
+            )
+            self._finished(vm)
 
     # -- commands -------------------------------------------------------------------------
 
@@ -412,3 +461,7 @@ class Updater:
             command.reason or "rollback requested by the fleet",
         )
         self.on_change()
+
+
+def _key(vm: VerifiedManifest) -> tuple[str, int]:
+    return vm.manifest.model, vm.manifest.sequence

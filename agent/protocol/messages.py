@@ -15,6 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Sha256 = str
 
 
+def _require_zones(*stamps: datetime) -> None:
+    # A device compares them with its UTC clock: a naive one would raise TypeError there (and
+    # in the comparison of the two), which is no validation error, instead of a refusal.
+    if any(stamp.utcoffset() is None for stamp in stamps):
+        raise ValueError("issued_at and expires_at need a time zone")
+
+
 class _Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -107,6 +114,7 @@ class ModelManifest(BaseModel):
 
     @model_validator(mode="after")
     def _expiry_after_issue(self) -> ModelManifest:
+        _require_zones(self.issued_at, self.expires_at)
         if self.expires_at <= self.issued_at:
             raise ValueError("expires_at must be after issued_at")
         return self
@@ -151,6 +159,11 @@ class Command(BaseModel):
     reason: str = ""
     issued_at: datetime
     expires_at: datetime
+
+    @model_validator(mode="after")
+    def _zoned(self) -> Command:
+        _require_zones(self.issued_at, self.expires_at)
+        return self
 
 
 # -- device to fleet --------------------------------------------------------------------------

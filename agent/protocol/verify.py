@@ -46,6 +46,30 @@ def _window(issued_at: datetime, expires_at: datetime, now: datetime, what: str)
         )
 
 
+def claimed(signed: object) -> tuple[str | None, int | None]:
+    """The model and sequence a manifest's signed part names, where they have the right type:
+    so a refusal reaches the rollout it belongs to."""
+    if not isinstance(signed, dict):
+        return None, None
+    model, sequence = signed.get("model"), signed.get("sequence")
+    return (
+        model if isinstance(model, str) else None,
+        sequence if type(sequence) is int else None,
+    )
+
+
+def verify_window(manifest: ModelManifest, now: datetime) -> None:
+    """Raise EXPIRED or NOT_YET_VALID unless ``now`` is within the manifest's validity window:
+    checked on receipt, and again before an update deferred by a transient fault is retried."""
+    what = f"manifest {manifest.model} v{manifest.version} (sequence {manifest.sequence})"
+    try:
+        _window(manifest.issued_at, manifest.expires_at, now, what)
+    except ProtocolError as exc:
+        raise ProtocolError(
+            exc.code, exc.message, model=manifest.model, sequence=manifest.sequence
+        ) from None
+
+
 def verify_manifest(
     raw: bytes | dict[str, Any],
     trust: TrustRoot,
@@ -56,17 +80,13 @@ def verify_manifest(
     """Signature by a trusted, unrevoked key; not expired; newer than the last applied sequence
     for that model; targets this device; has an artifact this device can use."""
     envelope = parse_envelope(raw)
+    # What the manifest claims to be, for the report only: it changes nothing.
+    claimed_model, claimed_seq = claimed(envelope.signed)
     try:
         signer = verify_signed(envelope, trust)
     except ProtocolError as exc:
-        # What the unverified manifest claims to be, for the report only: it changes nothing.
-        claimed_model = envelope.signed.get("model")
-        claimed_seq = envelope.signed.get("sequence")
         raise ProtocolError(
-            exc.code,
-            exc.message,
-            model=claimed_model if isinstance(claimed_model, str) else None,
-            sequence=claimed_seq if type(claimed_seq) is int else None,
+            exc.code, exc.message, model=claimed_model, sequence=claimed_seq
         ) from None
     try:
         manifest = ModelManifest.model_validate(envelope.signed)
@@ -75,13 +95,12 @@ def verify_manifest(
         raise ProtocolError(
             Rejection.MALFORMED,
             f"manifest {'.'.join(str(p) for p in first['loc'])}: {first['msg']}",
+            model=claimed_model,
+            sequence=claimed_seq,
         ) from None
     what = f"manifest {manifest.model} v{manifest.version} (sequence {manifest.sequence})"
     model, sequence = manifest.model, manifest.sequence
-    try:
-        _window(manifest.issued_at, manifest.expires_at, now, what)
-    except ProtocolError as exc:
-        raise ProtocolError(exc.code, exc.message, model=model, sequence=sequence) from None
+    verify_window(manifest, now)
     floor = last_sequence(manifest.model)
     if floor is not None and manifest.sequence <= floor:
         raise ProtocolError(

@@ -137,14 +137,24 @@ class Fleet:
     def publish_raw(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         self._client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(10)
 
-    def command(self, device_id: str, model: str, *, key: SigningKey | None = None) -> None:
+    def command(
+        self, device_id: str, model: str, *, key: SigningKey | None = None,
+        command_id: str | None = None, from_version: int | None = None,
+    ) -> str:  # fmt: skip
+        """Publish a signed rollback command; return its id (the same id sends it again)."""
         now = datetime.now(UTC)
-        payload = {"schema_version": 1, "command_id": uuid.uuid4().hex, "device_id": device_id, "type": "rollback",
-                   "model": model, "reason": "operator asked", "issued_at": now.isoformat(),
-                   "expires_at": (now + timedelta(minutes=5)).isoformat()}  # fmt: skip
+        command_id = command_id or uuid.uuid4().hex
+        payload: dict[str, object] = {
+            "schema_version": 1, "command_id": command_id, "device_id": device_id,
+            "type": "rollback", "model": model, "reason": "operator asked",
+            "issued_at": now.isoformat(), "expires_at": (now + timedelta(minutes=5)).isoformat(),
+        }  # fmt: skip
+        if from_version is not None:
+            payload["from_version"] = from_version
         self.publish_raw(
             self.topics.commands(device_id), json.dumps(self.sign(payload, key)).encode()
         )
+        return command_id
 
     # -- what devices said ---------------------------------------------------------------
 

@@ -86,3 +86,42 @@ def test_tls_with_a_private_ca(
             assert not agent.state.fleet.connected.is_set()  # type: ignore[union-attr]
     finally:
         tls_broker.stop()
+
+
+def test_a_tls_file_missing_at_a_reconnect_is_retried_until_it_is_back(
+    example_repo: Path, tmp_path: Path, fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    ca = TestCA(tmp_path / "pki")
+    server = ca.issue("broker", server=True)
+    tls_broker = Mosquitto(
+        tmp_path / "tls-broker",
+        extra_config=f"allow_anonymous true\ncafile {ca.cert_path}\ncertfile {server.cert}\nkeyfile {server.key}\n",
+    ).start()
+    ca_file = tmp_path / "device-ca.pem"
+    ca_file.write_bytes(ca.cert_path.read_bytes())
+    try:
+        repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+        settings = fleet_settings(fleet, tls_broker, tmp_path / "state", tls_ca_file=ca_file,
+                                  mqtt_url=f"mqtts://127.0.0.1:{tls_broker.port}")  # fmt: skip
+        with caplog.at_level(logging.WARNING), serve(repo, fleet=settings) as agent:
+            client = agent.state.fleet
+            assert client is not None
+            wait_until(client.connected.is_set, what="a TLS connection")
+            # a certificate rotation caught halfway: the file is gone when the link drops
+            ca_file.rename(tmp_path / "rotating.pem")
+            tls_broker.stop(kill=True)
+            tls_broker.start()
+
+            def logged() -> set[str]:
+                return {r.message for r in caplog.records}
+
+            wait_until(
+                lambda: {"fleet session failed", "fleet client stopped"} & logged(),
+                what="the failed attempt",
+            )
+            assert "fleet client stopped" not in logged()
+            assert agent.client.get("/v2/health/ready").status_code == 200
+            (tmp_path / "rotating.pem").rename(ca_file)
+            wait_until(client.connected.is_set, what="the reconnection")
+    finally:
+        tls_broker.stop()

@@ -1,10 +1,13 @@
 """Faults on real processes: the broker killed mid-update, a device offline during publication,
-the agent SIGKILLed during a download and during a switch, telemetry while the broker is down."""
+the agent SIGKILLed during a download and during a switch, telemetry while the broker is down,
+a disk that refuses the outbox's writes."""
 
 from __future__ import annotations
 
+import resource
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -12,6 +15,7 @@ import httpx
 import tomli_w
 
 from agent.protocol.messages import DeviceStatus
+from agent.protocol.signing import SigningKey
 from runtimes.examples.variants import mlp_version
 from tests.agent.process import AgentProcess, agent_process
 from tests.agent.server import copy_models, wait_until
@@ -222,3 +226,99 @@ def test_will_delay_a_quick_restart_shows_no_offline_and_a_device_that_stays_awa
         agent.proc.kill()  # and now it stays away
         agent.proc.wait(timeout=30)
     fleet.wait(offline, what="the last will, a second after the crash")
+
+
+REFUSED = "outbox cannot store, counting what is lost"
+STOPPED = "fleet client stopped"
+
+
+def _quiet(fleet: Fleet, device_id: str, for_s: float) -> Callable[[], bool]:
+    """A predicate: no telemetry from the device for ``for_s`` (five of its intervals here)."""
+    seen = [len(fleet.telemetry(device_id)), time.monotonic()]
+
+    def quiet() -> bool:
+        count = len(fleet.telemetry(device_id))
+        if count != seen[0]:
+            seen[:] = [count, time.monotonic()]
+        return time.monotonic() - seen[1] >= for_s
+
+    return quiet
+
+
+def test_a_disk_that_refuses_writes_keeps_the_device_on_the_fleet_and_the_loss_is_counted(
+    fleet: Fleet, broker: Mosquitto, example_repo: Path, tmp_path: Path
+) -> None:
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    config = _process_config(tmp_path, fleet, broker, repo)
+    outbox = tmp_path / "state/outbox.sqlite3"
+
+    def offline() -> list[DeviceStatus]:
+        return [s for s in fleet.statuses("dev-k") if not s.online]
+
+    with agent_process("--config", str(config)) as agent:
+        fleet.wait(lambda: len(fleet.telemetry("dev-k")) >= 3, what="telemetry")
+        # A file size limit on the agent alone, as a full disk: a write past it fails (EFBIG;
+        # CPython ignores SIGXFSZ). The outbox files are past one page already, and SQLite
+        # writes whole pages: each of its next writes fails.
+        limit = 4096
+        assert all(p.stat().st_size >= limit for p in (outbox, Path(f"{outbox}-wal")))
+        soft, hard = resource.prlimit(agent.proc.pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(agent.proc.pid, resource.RLIMIT_FSIZE, (limit, hard))
+        try:
+            wait_until(
+                lambda: {REFUSED, STOPPED} & set(agent.log_messages()) or offline(),
+                what="the refused write",
+            )
+            assert STOPPED not in agent.log_messages()
+            assert not offline()
+            wait_until(lambda: _ready(agent.address), what="readiness")
+            assert _version_answering(agent.address) == "1"  # still serving
+            # the first refused write may be an acknowledgement: telemetry rounds lost too
+            wait_until(_quiet(fleet, "dev-k", 1.0), what="telemetry to stop arriving")
+            before = max(t.seq for t in fleet.telemetry("dev-k"))
+        finally:
+            resource.prlimit(agent.proc.pid, resource.RLIMIT_FSIZE, (soft, hard))
+        after = fleet.wait(
+            lambda: [t for t in fleet.telemetry("dev-k") if t.dropped > 0],
+            what="telemetry counting what the disk refused",
+        )[0]
+        assert after.seq > before
+        assert "outbox storing again" in agent.log_messages()
+        assert agent.log_messages().count(REFUSED) == 1  # once, not once a message
+        assert STOPPED not in agent.log_messages() and not offline()
+    seqs = sorted({t.seq for t in fleet.telemetry("dev-k")})
+    assert seqs == list(range(1, seqs[-1] + 1)), "the numbering did not continue"
+
+
+def test_a_rollback_command_lost_in_a_crash_runs_when_it_is_sent_again(
+    fleet: Fleet, broker: Mosquitto, example_repo: Path, tmp_path: Path
+) -> None:
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    config = _process_config(tmp_path, fleet, broker, repo)
+    v3 = fleet.manifest("mlp", 3, 2, mlp_version(tmp_path / "v3", seed=3))
+    hold = threading.Event()
+    fleet.artifacts.faults[v3["artifacts"][0]["files"][0]["sha256"]] = Fault(hold=hold)
+    v2 = fleet.manifest("mlp", 2, 1, mlp_version(tmp_path / "v2", seed=2))
+    with agent_process("--config", str(config)) as agent:
+        fleet.publish_desired("dev-k", fleet.sign(v2))
+        fleet.wait_event("dev-k", "committed", sequence=1)
+        fleet.publish_desired("dev-k", fleet.sign(v3))
+        fleet.wait_event("dev-k", "downloading", sequence=2)  # the updater is busy with it
+        command_id = fleet.command("dev-k", "mlp", from_version=2)  # waits behind the download
+        # one signed by a key the device does not know, refused at once: handled in order, so
+        # once it is refused, the rollback is taken
+        fleet.command("dev-k", "mlp", key=SigningKey.generate())
+        fleet.wait(lambda: [e for e in fleet.events("dev-k") if e.code == "unknown_key"],
+                   what="the marker's refusal")  # fmt: skip
+        agent.proc.kill()
+        agent.proc.wait(timeout=30)
+    hold.set()
+    # the rollout rolls back: the desired state no longer asks for version 3
+    fleet.publish_raw(fleet.topics.desired("dev-k"), b"", retain=True)
+    with agent_process("--config", str(config)) as agent:
+        # the control plane sends a command not answered yet again at the device's next birth
+        fleet.command("dev-k", "mlp", command_id=command_id, from_version=2)
+        event = fleet.wait_event("dev-k", "rolled_back")
+        assert event.code == "fleet_command" and event.version == 1, event
+        wait_until(lambda: _ready(agent.address), what="readiness")
+        assert _version_answering(agent.address) == "1"

@@ -110,6 +110,22 @@ def test_each_rejection_has_its_code() -> None:
     rejected(Rejection.MALFORMED, manifest(expires_at=NOW.isoformat()))
 
 
+def test_timestamps_without_a_time_zone_are_refused_as_malformed() -> None:
+    naive = NOW.replace(tzinfo=None)
+    for stamps in ({"issued_at": naive.isoformat()},
+                   {"expires_at": (naive + timedelta(hours=1)).isoformat()}):  # fmt: skip
+        error = rejected(Rejection.MALFORMED, manifest(**stamps))
+        assert "time zone" in error.message and (error.model, error.sequence) == ("mlp", 7)
+    cmd = {"schema_version": 1, "command_id": "c1", "device_id": "dev-1", "type": "rollback",
+           "model": "mlp", "issued_at": naive.isoformat(),
+           "expires_at": (NOW + timedelta(minutes=5)).isoformat()}  # fmt: skip
+    with pytest.raises(ProtocolError) as info:
+        verify_command(
+            sign_envelope(cmd, MANIFEST_KEY).model_dump(mode="json"), TRUST, "dev-1", NOW
+        )
+    assert info.value.code == Rejection.MALFORMED and "time zone" in info.value.message
+
+
 def test_tampered_manifest_fails_its_signature() -> None:
     envelope = sign_envelope(manifest(), MANIFEST_KEY).model_dump(mode="json")
     envelope["signed"]["sequence"] = 8

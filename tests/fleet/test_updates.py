@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import tomllib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -10,7 +12,9 @@ import httpx
 import numpy as np
 import pytest
 
+from agent.fleet.updater import RETRY_BASE_S
 from agent.protocol.signing import SigningKey
+from agent.protocol.verify import CLOCK_SKEW
 from runtimes.examples.reference import mlp_forward
 from runtimes.examples.variants import fragile_mlp_version, mlp_version
 from runtimes.examples.weights import mlp_layers
@@ -280,3 +284,91 @@ def test_key_rotation_then_an_update_signed_with_the_new_key(
         )
         assert agent.state.fleet.trust.version == 3  # type: ignore[union-attr]
         assert served(agent)[0] == "2"
+
+
+def _states(fleet: Fleet, sequence: int) -> list[str]:
+    return [e.state.value for e in fleet.events("dev-1") if e.sequence == sequence]
+
+
+def test_a_deferred_update_redelivered_before_its_retry_is_applied_once(
+    fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
+) -> None:
+    payload = fleet.manifest("mlp", 2, 1, mlp_version(tmp_path / "v2", seed=2))
+    # the first download breaks off (one attempt per try): the update is deferred
+    fleet.artifacts.faults[payload["artifacts"][0]["files"][0]["sha256"]] = Fault(
+        drop_after_bytes=1000
+    )
+    envelope = fleet.sign(payload)
+    with fleet_agent(download_attempts=1) as agent:
+        fleet.publish_desired("dev-1", envelope)
+        fleet.wait(lambda: "download_failed" in [e.code for e in fleet.events("dev-1")],
+                   what="the deferral")  # fmt: skip
+        deferred_at = time.monotonic()
+        fleet.publish_desired("dev-1", envelope)  # the retained state again, as on a reconnect
+        fleet.wait_event("dev-1", "committed", sequence=1)
+        assert served(agent)[0] == "2"
+        # Something that must not happen is waited for past its time: a second copy would
+        # have run by the time the retry was due.
+        time.sleep(max(0.0, deferred_at + RETRY_BASE_S + 1 - time.monotonic()))
+    states = _states(fleet, 1)
+    assert states.count("received") == 1 and states.count("committed") == 1, states
+    assert "rejected" not in states and states[-1] == "committed", states
+
+
+def test_a_newer_sequence_replaces_a_deferred_one(
+    fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
+) -> None:
+    old = fleet.manifest("mlp", 2, 1, mlp_version(tmp_path / "v2", seed=2))
+    fleet.artifacts.faults[old["artifacts"][0]["files"][0]["sha256"]] = Fault(drop_after_bytes=1000)
+    with fleet_agent(download_attempts=1) as agent:
+        fleet.publish_desired("dev-1", fleet.sign(old))
+        fleet.wait(lambda: "download_failed" in [e.code for e in fleet.events("dev-1")],
+                   what="the deferral")  # fmt: skip
+        deferred_at = time.monotonic()
+        new = fleet.manifest("mlp", 3, 2, mlp_version(tmp_path / "v3", seed=3))
+        fleet.publish_desired("dev-1", fleet.sign(new))
+        fleet.wait_event("dev-1", "committed", sequence=2)
+        time.sleep(max(0.0, deferred_at + RETRY_BASE_S + 1 - time.monotonic()))  # as above
+        assert served(agent)[0] == "3"
+    assert "rejected" not in _states(fleet, 1), fleet.events_summary()
+    assert _states(fleet, 2)[-1] == "committed"
+
+
+def test_a_deferred_update_past_its_expiry_is_not_retried(
+    fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
+) -> None:
+    issued = datetime.now(UTC) - timedelta(hours=1)
+    # valid for a few more seconds on the device, which allows for clock skew
+    expires_at = datetime.now(UTC) - CLOCK_SKEW + timedelta(seconds=5)
+    payload = fleet.manifest("mlp", 2, 1, mlp_version(tmp_path / "v2", seed=2), issued_at=issued,
+                             expires_in=expires_at - issued)  # fmt: skip
+    hold = threading.Event()
+    # held after the first 64 KiB, then broken off: deferred once the manifest has expired
+    fleet.artifacts.faults[payload["artifacts"][0]["files"][0]["sha256"]] = Fault(
+        hold=hold, drop_after_bytes=3 * 65536
+    )
+    with fleet_agent(download_attempts=1) as agent:
+        fleet.publish_desired("dev-1", fleet.sign(payload))
+        fleet.wait_event("dev-1", "downloading", sequence=1)
+        time.sleep(max(0.0, (expires_at + CLOCK_SKEW - datetime.now(UTC)).total_seconds() + 0.1))
+        hold.set()
+        event = fleet.wait_event("dev-1", "rejected", sequence=1)
+        assert event.code == "expired", event
+        assert served(agent)[0] == "1"
+    assert "download_failed" in [e.code for e in fleet.events("dev-1")]
+    assert "committed" not in _states(fleet, 1)
+
+
+def test_a_manifest_that_trips_verification_costs_only_itself(
+    fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
+) -> None:
+    naive = fleet.manifest("other", 1, 1, mlp_version(tmp_path / "other", seed=1))
+    naive["issued_at"] = "2026-01-01T00:00:00"  # no time zone: once a TypeError
+    good = fleet.manifest("mlp", 2, 1, mlp_version(tmp_path / "v2", seed=2))
+    with fleet_agent() as agent:
+        fleet.publish_desired("dev-1", fleet.sign(naive), fleet.sign(good))
+        fleet.wait_event("dev-1", "committed", sequence=1)
+        assert served(agent)[0] == "2"
+    refused = [e for e in fleet.events("dev-1") if e.model == "other"]
+    assert [(e.state.value, e.code) for e in refused] == [("rejected", "malformed")], refused
+    assert "time zone" in (refused[0].reason or "")
