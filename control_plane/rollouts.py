@@ -160,9 +160,10 @@ class RolloutEngine:
         self._dirty: set[int] = set()
         """Rollouts that device events moved since their last step."""
         self._wake = asyncio.Event()
-        self._lost_commands: dict[str, set[int]] = {}
-        """Per device, the rollouts whose rollback command the broker lost with its state, to
-        send again at the device's next birth message (:meth:`resend_lost_commands`)."""
+        self._rolling_back: set[int] = set()
+        """Rollouts rolling back, as their last step saw (births matter only while any is)."""
+        self._births: set[str] = set()
+        """Devices that announced themselves since the loop last looked (:meth:`on_births`)."""
         self._resend: dict[int, set[str]] = {}
         """Per rollout, the devices whose rollback command its next step sends again."""
         self._held: list[Callable[[], None]] = []
@@ -330,9 +331,9 @@ class RolloutEngine:
     async def resend_lost_commands(self) -> None:
         """The broker lost its state: a rollback command sent and not answered yet may have
         waited there for a device that was offline, and is gone. Each is sent again now, for
-        the devices that reconnected already, and once more at the device's next birth message
-        (:meth:`on_births`): a command published before the device's session exists on the new
-        broker is dropped. A device that gets it twice rejects the second
+        the devices that reconnected already; a device still away gets it at its next birth
+        message (:meth:`on_births`: one published before the device's session exists on the
+        new broker is dropped). A device that gets it twice rejects the second
         (``nothing_to_roll_back``), which leaves its row as the first answer put it."""
         async with self.sessions() as session:
             rows = (
@@ -347,7 +348,6 @@ class RolloutEngine:
                 )
             ).all()
         for rollout_id, device_id in rows:
-            self._lost_commands.setdefault(device_id, set()).add(rollout_id)
             self._resend.setdefault(rollout_id, set()).add(device_id)
         if rows:
             log.warning(
@@ -358,15 +358,29 @@ class RolloutEngine:
             self._wake.set()
 
     def on_births(self, device_ids: list[str]) -> None:
-        """Devices said they are online (a birth message, at every connect): one whose rollback
-        command was lost with the broker's state gets it again, now that it is subscribed."""
-        if not self._lost_commands:
-            return
-        for device_id in device_ids:
-            for rollout_id in self._lost_commands.pop(device_id, ()):
-                self._resend.setdefault(rollout_id, set()).add(device_id)
-                self._dirty.add(rollout_id)
-                self._wake.set()
+        """Devices said they are online (a birth message, at every connect). One that a rollback
+        still waits for gets its command again, now that it is subscribed: the first may be
+        lost, with the broker's state or in the device's crash (a device records a command only
+        once it ran). The rollback's device timeout still counts from the first send."""
+        if self._rolling_back:
+            self._births.update(device_ids)
+            self._wake.set()
+
+    async def _resend_on_births(self, births: set[str]) -> None:
+        ids = sorted(births)
+        for start in range(0, len(ids), CHUNK):
+            async with self.sessions() as session:
+                rows = await session.execute(
+                    select(RolloutDevice.rollout_id, RolloutDevice.device_id).where(
+                        RolloutDevice.rollout_id.in_(self._rolling_back),
+                        RolloutDevice.state == "reverting",
+                        RolloutDevice.sent_at.is_not(None),
+                        RolloutDevice.device_id.in_(ids[start : start + CHUNK]),
+                    )
+                )
+                for rollout_id, device_id in rows:
+                    self._resend.setdefault(rollout_id, set()).add(device_id)
+                    self._dirty.add(rollout_id)
 
     async def run(self) -> None:
         """Republish what devices should run, then advance active rollouts on every tick."""
@@ -374,6 +388,13 @@ class RolloutEngine:
         next_tick = time.monotonic()
         while True:
             self._wake.clear()
+            births, self._births = self._births, set()
+            try:
+                if births and self._rolling_back:
+                    await self._resend_on_births(births)
+            except Exception:
+                self._births |= births  # the database away: looked at again next time
+                log.exception("rollback commands not sent again")
             dirty, self._dirty = self._dirty, set()
             try:
                 if time.monotonic() >= next_tick:  # timers: bake times and device timeouts
@@ -782,6 +803,7 @@ class RolloutEngine:
         touched = ("sent", "committed", "timed_out")
         restore = [rd.device_id for rd in rollout.devices if rd.state in touched]
         resend = self._resend.pop(rollout.id, set())
+        self._rolling_back.add(rollout.id)
         loaded = await _load_devices(session, restore)  # noqa: F841 (kept while used)
         for rd in rollout.devices:
             if rd.state == "pending":
@@ -796,12 +818,13 @@ class RolloutEngine:
                     rd.state, rd.sent_at = "reverting", None
                 rd.updated_at = now
             if rd.state == "reverting" and (rd.sent_at is None or rd.device_id in resend):
-                # (sent again: the broker lost it; its timeout starts again)
                 command = self._command(rollout, rd)
                 self._held.append(
                     functools.partial(self.bus.publish_command, rd.device_id, command)
                 )
-                rd.sent_at = rd.updated_at = now
+                if rd.sent_at is None:  # sent again: the timeout counts from the first send
+                    rd.sent_at = now
+                rd.updated_at = now
             elif rd.state == "reverting" and _utc(rd.sent_at) + timeout < now:
                 rd.state, rd.reason = (
                     "revert_timed_out",
@@ -812,6 +835,7 @@ class RolloutEngine:
                 rd.state, rd.reason = "reverted", NEVER_REPORTED
         if not [d for d in rollout.devices if d.state in ("reverting", "reverting_pending")]:
             rollout.state = "rolled_back"
+            self._rolling_back.discard(rollout.id)
             log.warning(
                 "rollout rolled back", extra={"rollout": rollout.id, "reason": rollout.reason}
             )

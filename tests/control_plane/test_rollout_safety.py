@@ -6,12 +6,19 @@ chosen."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from agent.protocol.messages import DesiredState, DeviceStatus, UpdateEvent, UpdateState
+from agent.protocol.messages import (
+    DesiredState,
+    DeviceStatus,
+    ServedModel,
+    UpdateEvent,
+    UpdateState,
+)
 from runtimes.examples.variants import mlp_version
 from tests.access.mqtt_client import ProbeClient
 from tests.agent.server import wait_until
@@ -139,7 +146,7 @@ def test_a_wave_where_no_device_committed_fails_and_the_rollback_restores_the_si
             def back() -> bool:
                 doc = cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()
                 (row,) = doc["devices"]
-                return (
+                return bool(
                     doc["state"] == "rolled_back"
                     and row["state"] == "reverted"
                     and row["reason"].startswith("fleet_command")
@@ -205,5 +212,62 @@ def test_a_device_that_committed_stays_committed_when_a_refusal_of_it_repeats(
                 what="dev-q's fault on the rollout",
             )  # fmt: skip
             assert _devices(cp, rollout_id) == ("running", {"dev-p": "committed", "dev-q": "sent"})
+        finally:
+            device.close()
+
+
+def test_a_device_that_reconnects_while_its_rollback_waits_gets_the_command_again(
+    start_control_plane: ControlPlaneFactory, broker: Mosquitto, tmp_path: Path
+) -> None:
+    """A device records a rollback command only once it ran: one that crashed with the command
+    still queued comes back without it. Its birth message brings the command again."""
+    device = ProbeClient(broker.port)
+    commands = "edgefleet/devices/dev-p/commands"
+    status_topic = "edgefleet/devices/dev-p/status"
+    with start_control_plane() as cp:
+        try:
+            assert device.connect() == 0
+            device.subscribe("edgefleet/devices/dev-p/desired")
+            device.subscribe(commands)
+            status = DeviceStatus(device_id="dev-p", online=True, agent_version="probe",
+                                  hardware_profile="generic-x86_64", labels={"site": "probe"},
+                                  models=[], sent_at=datetime.now(UTC))  # fmt: skip
+            device.publish(status_topic, status.model_dump_json().encode(), retain=True)
+            wait_devices(cp, "dev-p")
+            push(cp.admin, "mlp", 2, [(mlp_version(tmp_path / "v2", seed=2), [])])
+            validate(cp.admin, "mlp", 2)
+            rollout_id = rollout(cp, 2, selector={"site": "probe"}, waves=["100%"],
+                                 bake_time_s=600)  # fmt: skip
+            desired = device.wait(
+                lambda: [
+                    d
+                    for raw in device.messages("edgefleet/devices/dev-p/desired")
+                    if (d := DesiredState.model_validate_json(raw)).manifests
+                ],
+                "the rollout's desired state",
+            )
+            manifest = desired[-1].manifests[0]["signed"]
+            committed = UpdateEvent(
+                device_id="dev-p", event_id=uuid.uuid4().hex, time=datetime.now(UTC),
+                model="mlp", version=2, sequence=manifest["sequence"],
+                rollout_id=manifest["rollout_id"], state=UpdateState.COMMITTED,
+            )  # fmt: skip
+            device.publish("edgefleet/devices/dev-p/events", committed.model_dump_json().encode())
+            # and says so in its status, as an agent does: it serves version 2
+            serving = [ServedModel(model="mlp", version=2, sequence=manifest["sequence"])]
+            birth = status.model_copy(update={"models": serving}).model_dump_json().encode()
+            device.publish(status_topic, birth, retain=True)
+            wait_until(lambda: _devices(cp, rollout_id) == ("running", {"dev-p": "committed"}),
+                       what="the commit")  # fmt: skip
+            assert cp.admin.post(f"/api/v1/rollouts/{rollout_id}/abort").status_code == 200
+            device.wait(lambda: device.messages(commands), "the rollback command")
+            # the device "crashed" with it queued, and comes back: a new birth message
+            device.publish(status_topic, birth, retain=True)
+            sent = device.wait(lambda: len(device.messages(commands)) >= 2 and device.messages(commands),
+                               "the rollback command again")  # fmt: skip
+            first, again = (json.loads(c)["signed"] for c in sent[:2])
+            assert again["type"] == "rollback" and again["from_version"] == 2
+            assert again["command_id"] != first["command_id"]
+            assert _devices(cp, rollout_id) == ("rolling_back", {"dev-p": "reverting"})
         finally:
             device.close()
