@@ -93,7 +93,13 @@ class FleetClient:
         self.state = self.files.load_state()
         self.trust = self.files.load_trust(settings.trust_root_file)
         self.store = ModelStore(manager.repository)
-        self.store.recover()
+        self.store.recover(
+            {
+                name: ms.committed_version
+                for name, ms in self.state.models.items()
+                if ms.committed_version is not None
+            }
+        )
         self._queued: set[tuple[str, int]] = set()
         """(model, sequence) of manifests submitted and not finished: redeliveries are ignored."""
         self._commands_queued: set[str] = set()
@@ -408,6 +414,9 @@ class FleetClient:
             )
         self._last_desired = payload
         now = datetime.now(UTC)
+        # What it no longer lists was withdrawn (a rollout aborted or rolled back): dropped
+        # unless already switched to, before anything it does list is queued.
+        self.updater.withdraw({claimed(raw.get("signed")) for raw in desired.manifests})
         for raw in desired.manifests:
             try:
                 vm = verify_manifest(raw, self.trust, self.identity, self._floor, now)
@@ -445,6 +454,8 @@ class FleetClient:
                 )
             )
             self.updater.submit(vm)
+        if not self.updater.busy:
+            self.updater.sweep_staging()  # after a restart: what the crash left and no one wants
 
     def _floor(self, model: str) -> int | None:
         ms = self.state.models.get(model)

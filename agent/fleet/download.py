@@ -6,6 +6,7 @@ import asyncio
 import errno
 import hashlib
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,8 +47,46 @@ async def fetch(
         )
     done = staging / f"{ref.sha256}.blob"
     if done.is_file():
-        return done
+        # Verified when it was downloaded, but a power loss can tear a file after that: hashed
+        # again before it is used (one read of the file, cheaper than a failed sequence).
+        if await asyncio.to_thread(_matches, done, ref):
+            return done
+        log.warning("staged file damaged, downloading it again", extra={"file": ref.name})
+        done.unlink()
     part = staging / f"{ref.sha256}.part"
+    resumed = part.is_file() and part.stat().st_size > 0
+    try:
+        return await _download(client, ref, part, done, attempts, progress)
+    except ProtocolError as exc:
+        if not resumed or exc.code not in (Rejection.SIZE_MISMATCH, Rejection.DIGEST_MISMATCH):
+            raise
+        # The bytes kept on disk from before (a resumed partial file, torn by a power loss)
+        # may be what is wrong, not the artifact: once more from scratch before failing.
+        log.warning("downloaded file does not verify, once more from scratch",
+                    extra={"file": ref.name, "error": exc.message})  # fmt: skip
+        return await _download(client, ref, part, done, attempts, progress)
+
+
+def _matches(path: Path, ref: FileRef) -> bool:
+    return path.stat().st_size == ref.size and _sha256(path) == ref.sha256
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def _download(
+    client: httpx.AsyncClient,
+    ref: FileRef,
+    part: Path,
+    done: Path,
+    attempts: int,
+    progress: Callable[[int], None] | None,
+) -> Path:
     last_error = ""
     for attempt in range(attempts):
         try:
@@ -87,7 +126,11 @@ async def fetch(
             Rejection.DIGEST_MISMATCH,
             f"{ref.name} has sha256 {actual}, the manifest says {ref.sha256}",
         )
+    # Durable before and after the rename: a power loss must not leave a ``.blob`` whose
+    # name promises bytes that never reached the disk.
+    await asyncio.to_thread(_fsync, part)
     part.replace(done)
+    await asyncio.to_thread(_fsync, done.parent)
     return done
 
 

@@ -6,10 +6,15 @@ point leaves the last committed version in place and served after a restart.
   ``<repo>/<model>/<version>`` in one step. It is not served yet.
 - The commit is one atomic rewrite of ``<repo>/<model>/config.toml``, whose version policy
   names exactly the committed version. Until then a restart serves the previous one.
+- A version installed uncommitted carries a ``.uncommitted`` marker, removed at its commit.
+  A marked version of a model that has no pinning ``config.toml`` yet (a model new to the
+  device) would be served by a restart with default config: :meth:`ModelStore.recover`
+  removes it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -17,6 +22,7 @@ import os
 import shutil
 import tempfile
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +34,11 @@ from agent.protocol.errors import ProtocolError, Rejection
 from agent.protocol.messages import FileRef
 
 DIGESTS_FILE = ".digests.json"
+UNCOMMITTED = ".uncommitted"
+
+
+def is_disk_full(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 class ModelStore:
@@ -35,12 +46,59 @@ class ModelStore:
         self.repository = repository
         self.staging = repository / ".staging"
 
-    def recover(self) -> None:
-        """After a crash: drop half-assembled versions; keep partial downloads to resume."""
+    def recover(self, committed: dict[str, int]) -> None:
+        """After a crash, before the repository is loaded: drop half-assembled versions and
+        uncommitted versions a restart would serve, and reconcile the pointers with
+        ``committed`` (the versions ``fleet-state.json`` says were committed, by model).
+
+        Partial downloads are kept to resume; the updater sweeps the ones no longer wanted
+        once it knows the desired state (:meth:`sweep_staging`).
+        """
         self.staging.mkdir(parents=True, exist_ok=True)
         for entry in self.staging.iterdir():
             if entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
+        for model, version in committed.items():
+            self._reconcile(model, version)
+        for marker in self.repository.glob(f"*/*/{UNCOMMITTED}"):
+            version_dir = marker.parent
+            if not version_dir.name.isdigit():
+                continue
+            pinned = self._pinned(version_dir.parent.name)
+            if pinned is None:
+                shutil.rmtree(version_dir, ignore_errors=True)  # would be served: never committed
+                # a model new to the device is gone with it, rather than loaded with no version
+                with contextlib.suppress(OSError):
+                    version_dir.parent.rmdir()
+            elif int(version_dir.name) in pinned:
+                marker.unlink()  # committed: the crash came before its marker went
+
+    def _pinned(self, model: str) -> list[int] | None:
+        path = self.repository / model / CONFIG_FILE
+        doc: dict[str, Any] = tomllib.loads(path.read_text()) if path.is_file() else {}
+        specific = doc.get("version_policy", {}).get("specific")
+        return list(specific) if specific else None
+
+    def _reconcile(self, model: str, version: int) -> None:
+        """A crash between the pointer's rewrite and the state's (or a disk that refused the
+        state and then the pointer's undo) leaves ``config.toml`` naming a version the state
+        does not record as committed. The state is what the anti-rollback floor and the
+        fleet's view rest on, so it wins: the pointer goes back to its committed version
+        (serving parameters stay as written), and the retained desired state brings the
+        newer version back through its health window and commit."""
+        pinned = self._pinned(model)
+        if pinned in (None, [version]) or not self.version_dir(model, version).is_dir():
+            return  # nothing to reconcile, or nothing to go back to: serve what is pinned
+        path = self.repository / model / CONFIG_FILE
+        doc = tomllib.loads(path.read_text())
+        doc["version_policy"] = {"specific": [version]}
+        write_atomically(path, tomli_w.dumps(doc).encode())
+
+    def sweep_staging(self, keep: set[str]) -> None:
+        """Delete downloaded and partial files whose sha256 is not in ``keep``."""
+        for entry in self.staging.iterdir():
+            if entry.suffix in (".blob", ".part") and entry.stem not in keep:
+                entry.unlink(missing_ok=True)
 
     def version_dir(self, model: str, version: int) -> Path:
         return self.repository / model / str(version)
@@ -84,6 +142,7 @@ class ModelStore:
             (scratch / DIGESTS_FILE).write_text(
                 json.dumps({r.name: r.sha256 for r in refs}, sort_keys=True)
             )
+            (scratch / UNCOMMITTED).touch()
             for p in scratch.iterdir():
                 with p.open("rb") as fh:
                     os.fsync(fh.fileno())
@@ -91,7 +150,7 @@ class ModelStore:
         except BaseException as exc:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
-            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            if isinstance(exc, OSError) and is_disk_full(exc):
                 raise ProtocolError(
                     Rejection.DISK_FULL, f"no space left installing version {version} of {model}"
                 ) from exc
@@ -110,11 +169,24 @@ class ModelStore:
         doc["version_policy"] = {"specific": sorted(versions)}
         write_atomically(path, tomli_w.dumps(doc).encode())
 
-    def commit(self, model: str, version: int, config: dict[str, Any]) -> None:
-        """Point the model at ``version``: the one step that changes what a restart serves."""
+    def commit(self, model: str, version: int, config: dict[str, Any]) -> Callable[[], None]:
+        """Point the model at ``version``: the one step that changes what a restart serves.
+        Returns what puts the previous pointer back, for a commit whose state write fails."""
+        path = self.repository / model / CONFIG_FILE
+        before = path.read_bytes() if path.is_file() else None
         doc = {k: v for k, v in config.items() if k != "version_policy"}
         doc["version_policy"] = {"specific": [version]}
-        write_atomically(self.repository / model / CONFIG_FILE, tomli_w.dumps(doc).encode())
+        write_atomically(path, tomli_w.dumps(doc).encode())
+        (self.version_dir(model, version) / UNCOMMITTED).unlink(missing_ok=True)
+
+        def undo() -> None:
+            if before is None:
+                path.unlink(missing_ok=True)
+            else:
+                write_atomically(path, before)
+            (self.version_dir(model, version) / UNCOMMITTED).touch()
+
+        return undo
 
     def prune(self, model: str, keep: set[int]) -> None:
         """Remove version directories of ``model`` not in ``keep``."""

@@ -7,18 +7,23 @@
 The previous version stays loaded and warm during the health window, so switching back is one
 assignment. Only the commit rewrites the on-disk pointer (``config.toml``); a crash before it
 leaves the previous version served after restart, and the retained desired state brings the
-update back to be tried again.
+update back to be tried again. A failure after the switch and before the commit is recorded
+(a full disk refusing ``config.toml`` or ``fleet-state.json``) switches back the same way.
+
+A desired state that no longer lists a manifest withdraws it: dropped if it has not been
+switched to yet (queued, waiting for a retry, or still downloading), reported as rejected,
+superseded. One already active finishes its health window: by then it serves, and what decides
+is the window, as for any other update.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,7 +35,7 @@ from agent.errors import AgentError, LoadError
 from agent.fleet.download import fetch
 from agent.fleet.settings import FleetSettings
 from agent.fleet.state import FleetState, StateFiles
-from agent.fleet.store import ModelStore
+from agent.fleet.store import ModelStore, is_disk_full
 from agent.inference.manager import ModelManager
 from agent.inference.versions import LoadedVersion
 from agent.model_config import CONFIG_FILE, ModelConfig
@@ -93,12 +98,66 @@ class Updater:
         """Attempts so far of the manifests deferred by a transient fault, by (model, sequence)."""
         self._retrying: dict[tuple[str, int], tuple[VerifiedManifest, asyncio.Task[None]]] = {}
         """Manifests waiting for their retry timer: not finished, so not reported done."""
+        self._pending: dict[tuple[str, int], VerifiedManifest] = {}
+        """Manifests submitted and not finished, by (model, sequence). A queued copy that is no
+        longer the one here was withdrawn (or submitted again) and is skipped."""
+        self._switched: set[tuple[str, int]] = set()
+        """Manifests past the switch: a withdrawal no longer stops them."""
         self.busy = False
 
     def submit(self, item: Item) -> None:
         if isinstance(item, VerifiedManifest):
             self._drop_older_retries(item.manifest)
+            self._pending[_key(item)] = item
         self._queue.put_nowait(item)
+
+    def withdraw(self, listed: Collection[tuple[str | None, int | None]]) -> None:
+        """Drop the manifests not switched to yet that the desired state no longer lists
+        (a rollout aborted or rolled back while they waited), and report them refused: a device
+        that was away during a rollout and its rollback must not install what was undone."""
+        for key, vm in list(self._pending.items()):
+            if key in listed or key in self._switched:
+                continue
+            if any(model == key[0] and (seq or 0) > key[1] for model, seq in listed):
+                continue  # replaced by a newer one, not withdrawn: dropped when that is queued
+            retry = self._retrying.pop(key, None)
+            if retry is not None:
+                retry[1].cancel()
+            m = vm.manifest
+            log.info(
+                "update withdrawn",
+                extra={"model": m.model, "version": m.version, "sequence": m.sequence},
+            )
+            self.report(
+                Report(
+                    UpdateState.REJECTED,
+                    m.model,
+                    m.version,
+                    m.sequence,
+                    m.rollout_id,
+                    Rejection.SUPERSEDED,
+                    "withdrawn: the desired state no longer lists this update",
+                )
+            )
+            # finished now, so that a desired state listing it again queues it again; a copy
+            # still in the queue, or the download under way, sees it is no longer pending
+            self._finished(vm)
+
+    def _withdrawn(self, vm: VerifiedManifest) -> bool:
+        return self._pending.get(_key(vm)) is not vm
+
+    def sweep_staging(self) -> None:
+        """Delete staging files that no pending manifest needs (those of superseded, withdrawn
+        or failed updates); keep the others so their downloads resume."""
+        keep = {
+            ref.sha256
+            for vm in self._pending.values()
+            for ref in [*vm.variant.files, *([vm.manifest.golden] if vm.manifest.golden else [])]
+        }
+        try:
+            self.store.sweep_staging(keep)
+        except OSError:
+            log.exception("cleaning the staging directory failed")
 
     async def run(self) -> None:
         timeout = httpx.Timeout(self.settings.download_timeout_s)
@@ -112,6 +171,8 @@ class Updater:
     async def _serve(self, http: httpx.AsyncClient) -> None:
         while True:
             item = await self._queue.get()
+            if isinstance(item, VerifiedManifest) and self._withdrawn(item):
+                continue  # withdrawn while queued: reported then
             self.busy = True
             try:
                 if isinstance(item, Command):
@@ -124,12 +185,18 @@ class Updater:
                 log.exception("update failed unexpectedly")
             finally:
                 if isinstance(item, Command) or _key(item) not in self._retrying:
-                    self._finished(item)
+                    if not (isinstance(item, VerifiedManifest) and self._withdrawn(item)):
+                        self._finished(item)
                 self.busy = self._queue.qsize() > 0
+                if isinstance(item, VerifiedManifest):
+                    self._switched.discard(_key(item))
+                    self.sweep_staging()
 
     def _finished(self, item: Item) -> None:
         if isinstance(item, VerifiedManifest):
             self._retries.pop(_key(item), None)
+            if self._pending.get(_key(item)) is item:
+                del self._pending[_key(item)]
         try:
             self.on_done(item)
         except Exception:
@@ -182,6 +249,9 @@ class Updater:
                 return
         try:
             version_dir = await self._download(vm, http, say)
+            if self._withdrawn(vm):
+                self._remove_unless_kept(m)
+                return  # withdrawn while it downloaded: reported then
             say(UpdateState.VERIFIED)
             config = self._config(m)
             try:
@@ -190,15 +260,21 @@ class Updater:
                 if "self-test" not in str(exc):
                     raise ProtocolError(Rejection.LOAD_FAILED, str(exc)) from exc
                 # It loaded, then failed its self-test: dropped, the previous version serves.
+                self._remove_unless_kept(m)
                 ms.failed_sequence = m.sequence
                 self.files.save_state(self.state)
                 say(UpdateState.ROLLED_BACK, Rejection.SELF_TEST_FAILED, str(exc))
                 return
+            if self._withdrawn(vm):
+                self.manager.discard(m.model, staged, "withdrawn")
+                self._remove_unless_kept(m)
+                return  # reported when withdrawn
             say(UpdateState.STAGED)
+            self._switched.add(_key(vm))
             previous = self.manager.activate(m.model, staged)
-            say(UpdateState.ACTIVE)
-            verdict = await self._health_window(m.health, staged, previous, version_dir)
         except ProtocolError as exc:
+            if self._withdrawn(vm):
+                return  # its download was cut short by the withdrawal: reported then
             if exc.code in TRANSIENT:
                 delay = self._retry_later(vm)
                 log.warning(
@@ -213,6 +289,8 @@ class Updater:
                 )
                 say(UpdateState.DOWNLOADING, exc.code, f"{exc.message}; retrying in {delay:.0f} s")
                 return
+            if exc.code == Rejection.LOAD_FAILED:
+                self._remove_unless_kept(m)
             ms.failed_sequence = m.sequence
             self.files.save_state(self.state)
             log.warning(
@@ -226,12 +304,23 @@ class Updater:
             )
             say(UpdateState.REJECTED, exc.code, exc.message)
             return
+        try:
+            say(UpdateState.ACTIVE)
+            verdict = await self._health_window(m.health, staged, previous, version_dir)
+            if verdict is None:
+                self._commit(m, previous)
+        except Exception as exc:
+            # After the switch and before the commit: what served before must serve again,
+            # else the new version serves uncommitted, the previous ones stay loaded and
+            # every redelivery repeats this.
+            self._switch_back(vm, previous, staged, exc)
+            return
         if verdict is not None:
             self.manager.restore(m.model, previous, staged, verdict)
             ms.failed_sequence = m.sequence
             self.files.save_state(self.state)
-            if m.version not in previous and m.version != ms.committed_version:
-                self.store.remove_version(m.model, m.version)
+            if m.version not in previous:
+                self._remove_unless_kept(m)
             log.warning(
                 "update rolled back",
                 extra={"model": m.model, "version": m.version, "reason": verdict},
@@ -239,9 +328,48 @@ class Updater:
             say(UpdateState.ROLLED_BACK, Rejection.HEALTH_CHECK_FAILED, verdict)
             self.on_change()
             return
-        self._commit(m, previous)
         say(UpdateState.COMMITTED)
         self.on_change()
+
+    def _switch_back(
+        self,
+        vm: VerifiedManifest,
+        previous: dict[int, LoadedVersion],
+        staged: LoadedVersion,
+        exc: Exception,
+    ) -> None:
+        """Undo a switch that could not be committed. A storage fault (a full disk, an I/O
+        error) is retried later, as storage faults before the switch are; anything else marks
+        the sequence failed."""
+        m = vm.manifest
+        reason = f"could not be committed: {type(exc).__name__}: {exc}"
+        self.manager.restore(m.model, previous, staged, reason)
+        self.on_change()
+        if m.version not in previous:
+            self._remove_unless_kept(m)
+        if isinstance(exc, OSError):
+            code = Rejection.DISK_FULL if is_disk_full(exc) else Rejection.DOWNLOAD_FAILED
+            delay = self._retry_later(vm)
+            log.warning(
+                "update switched back, deferred",
+                extra={"model": m.model, "version": m.version, "reason": reason},
+            )
+            # not a final state: the control plane shows the reason while the device retries
+            state, reason = UpdateState.DOWNLOADING, f"{reason}; retrying in {delay:.0f} s"
+        else:
+            log.exception("update switched back", extra={"model": m.model, "version": m.version})
+            code, state = Rejection.LOAD_FAILED, UpdateState.ROLLED_BACK
+            self.state.model(m.model).failed_sequence = m.sequence
+            with contextlib.suppress(OSError):  # best effort: the fault may be the disk's
+                self.files.save_state(self.state)
+        self.report(Report(state, m.model, m.version, m.sequence, m.rollout_id, code, reason))
+
+    def _remove_unless_kept(self, m: ModelManifest) -> None:
+        """A version that did not become the committed one is not left to be served later."""
+        ms = self.state.model(m.model)
+        entry = self.manager.models.get(m.model)
+        if m.version != ms.committed_version and not (entry and m.version in entry.served):
+            self.store.remove_version(m.model, m.version)
 
     async def _download(
         self, vm: VerifiedManifest, http: httpx.AsyncClient, say: Callable[..., None]
@@ -250,7 +378,7 @@ class Updater:
             return await self._download_and_install(vm, http, say)
         except OSError as exc:
             # the device's storage, not the manifest: reported, and tried again later
-            full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            full = is_disk_full(exc)
             raise ProtocolError(
                 Rejection.DISK_FULL if full else Rejection.DOWNLOAD_FAILED,
                 f"storing the update failed: {exc.strerror or exc} ({exc.filename})",
@@ -365,8 +493,11 @@ class Updater:
         return None
 
     def _commit(self, m: ModelManifest, previous: dict[int, LoadedVersion]) -> None:
+        """Raises OSError where the disk refuses the pointer or the state, with both put back
+        as far as the disk allows (``ModelStore.recover`` reconciles what it did not)."""
         ms = self.state.model(m.model)
-        self.store.commit(m.model, m.version, m.config)  # first: this is what a restart serves
+        before_state = ms.model_copy()
+        undo = self.store.commit(m.model, m.version, m.config)  # what a restart serves
         before = (
             ms.committed_version
             if ms.committed_version is not None
@@ -374,10 +505,23 @@ class Updater:
         )
         ms.previous_version = before if before != m.version else ms.previous_version
         ms.committed_version, ms.committed_sequence = m.version, m.sequence
-        self.files.save_state(self.state)
-        self.manager.settle(m.model, previous)
-        keep = {m.version} | ({ms.previous_version} if ms.previous_version is not None else set())
-        self.store.prune(m.model, set(sorted(keep)[-self.settings.keep_versions :]) | {m.version})
+        try:
+            self.files.save_state(self.state)
+        except BaseException:
+            self.state.models[m.model] = before_state
+            with contextlib.suppress(OSError):
+                undo()
+            raise
+        # Committed from here on: what follows is cleanup, and its failure undoes nothing.
+        try:
+            self.manager.settle(m.model, previous)
+            keep = {m.version} | (
+                {ms.previous_version} if ms.previous_version is not None else set()
+            )
+            keep = set(sorted(keep)[-self.settings.keep_versions :]) | {m.version}
+            self.store.prune(m.model, keep)
+        except Exception:
+            log.exception("cleaning up after a commit failed", extra={"model": m.model})
 
     def _retry_later(self, vm: VerifiedManifest) -> float:
         """Queue ``vm`` again after a growing delay (network and disk faults pass). It stays

@@ -134,26 +134,44 @@ def test_a_wave_where_no_device_committed_fails_and_the_rollback_restores_the_si
             retained = watcher.wait(
                 lambda: watcher.messages("edgefleet/devices/dev-b/desired"), "the desired state"
             )
+            assert DesiredState.model_validate_json(retained[-1]).manifests == []
+            # Its persistent session on the broker still holds version 2's desired state,
+            # queued while it was away, ahead of the restored one. Coming back, it either drops
+            # version 2 for the newer desired state that withdrew it, or, if it got there
+            # first, commits it after the rollback ended: that commit reopens the rollback and
+            # the rollback command takes it back. (Before: its row stayed timed_out, the commit
+            # ended there, and it kept version 2.)
+            events = "edgefleet/devices/dev-b/events"
+            watcher.subscribe(events)
+            with start_agent("dev-b", cp) as b:
+
+                def answered() -> list[UpdateState]:
+                    parsed = [UpdateEvent.model_validate_json(m) for m in watcher.messages(events)]
+                    final = (UpdateState.COMMITTED, UpdateState.REJECTED)
+                    return [
+                        e.state
+                        for e in parsed
+                        if e.sequence == doc["sequence"] and e.state in final
+                    ]
+
+                outcome = watcher.wait(answered, "dev-b's answer to the queued desired state")
+
+                def back() -> bool:
+                    now = cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()
+                    (row,) = now["devices"]
+                    return bool(
+                        now["state"] == "rolled_back"
+                        and row["state"] == "reverted"
+                        and (
+                            UpdateState.COMMITTED not in outcome
+                            or row["reason"].startswith("fleet_command")
+                        )
+                    )
+
+                wait_until(back, timeout_s=60, what="dev-b back on version 1")
+                assert served(b) == "1"
         finally:
             watcher.close()
-        assert DesiredState.model_validate_json(retained[-1]).manifests == []
-        # Its persistent session on the broker still holds version 2's desired state, queued
-        # while it was away: it installs and commits it when it returns, after the rollback
-        # ended. That commit reopens the rollback and the rollback command takes it back.
-        # (Before: its row stayed timed_out, the commit ended there, and it kept version 2.)
-        with start_agent("dev-b", cp) as b:
-
-            def back() -> bool:
-                doc = cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()
-                (row,) = doc["devices"]
-                return bool(
-                    doc["state"] == "rolled_back"
-                    and row["state"] == "reverted"
-                    and row["reason"].startswith("fleet_command")
-                )
-
-            wait_until(back, timeout_s=60, what="dev-b's late commit rolled back")
-            assert served(b) == "1"
 
 
 def test_a_device_that_committed_stays_committed_when_a_refusal_of_it_repeats(
