@@ -220,6 +220,18 @@ class Updater:
                 Report(state, m.model, m.version, m.sequence, m.rollout_id, code, reason, progress)
             )
 
+        def reject(exc: ProtocolError) -> None:
+            log.warning(
+                "update rejected",
+                extra={
+                    "model": m.model,
+                    "version": m.version,
+                    "code": exc.code.value,
+                    "reason": exc.message,
+                },
+            )
+            say(UpdateState.REJECTED, exc.code, exc.message)
+
         self._drop_older_retries(m)
         if m.sequence in (ms.committed_sequence, ms.failed_sequence):
             return  # a copy queued while this one was applied: already reported
@@ -236,16 +248,7 @@ class Updater:
             try:
                 verify_window(m, datetime.now(UTC))
             except ProtocolError as exc:
-                log.warning(
-                    "update rejected",
-                    extra={
-                        "model": m.model,
-                        "version": m.version,
-                        "code": exc.code.value,
-                        "reason": exc.message,
-                    },
-                )
-                say(UpdateState.REJECTED, exc.code, exc.message)
+                reject(exc)
                 return
         try:
             version_dir = await self._download(vm, http, say)
@@ -293,16 +296,7 @@ class Updater:
                 self._remove_unless_kept(m)
             ms.failed_sequence = m.sequence
             self.files.save_state(self.state)
-            log.warning(
-                "update rejected",
-                extra={
-                    "model": m.model,
-                    "version": m.version,
-                    "code": exc.code.value,
-                    "reason": exc.message,
-                },
-            )
-            say(UpdateState.REJECTED, exc.code, exc.message)
+            reject(exc)
             return
         try:
             say(UpdateState.ACTIVE)
