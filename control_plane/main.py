@@ -62,11 +62,8 @@ def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
     store = ArtifactStore(settings.artifact_dir, settings.max_upload_bytes)
     services = Services(settings, sessions, store, keys, bus, ingestor, rollouts, metrics)
     trust = TrustManager(sessions, keys, bus, settings.state_dir)
-    bus.on_broker_state_lost += [
-        trust.ensure,
-        rollouts.republish_desired,
-        rollouts.resend_lost_commands,
-    ]
+    # rollback commands it lost reach their devices at their next birth (rollouts.on_births)
+    bus.on_broker_state_lost += [trust.ensure, rollouts.republish_desired]
     ingestor.on_births.append(rollouts.on_births)
     return services, trust
 

@@ -328,40 +328,15 @@ class RolloutEngine:
             if device.desired:
                 self.bus.publish_desired(device.id, list(device.desired.values()))
 
-    async def resend_lost_commands(self) -> None:
-        """The broker lost its state: a rollback command sent and not answered yet may have
-        waited there for a device that was offline, and is gone. Each is sent again now, for
-        the devices that reconnected already; a device still away gets it at its next birth
-        message (:meth:`on_births`: one published before the device's session exists on the
-        new broker is dropped). A device that gets it twice rejects the second
-        (``nothing_to_roll_back``), which leaves its row as the first answer put it."""
-        async with self.sessions() as session:
-            rows = (
-                await session.execute(
-                    select(RolloutDevice.rollout_id, RolloutDevice.device_id)
-                    .join(Rollout)
-                    .where(
-                        Rollout.state == "rolling_back",
-                        RolloutDevice.state == "reverting",
-                        RolloutDevice.sent_at.is_not(None),
-                    )
-                )
-            ).all()
-        for rollout_id, device_id in rows:
-            self._resend.setdefault(rollout_id, set()).add(device_id)
-        if rows:
-            log.warning(
-                "rollback commands sent again after the broker lost its state",
-                extra={"devices": len({d for _, d in rows}), "rollouts": sorted(self._resend)},
-            )
-            self._dirty |= self._resend.keys()
-            self._wake.set()
-
     def on_births(self, device_ids: list[str]) -> None:
         """Devices said they are online (a birth message, at every connect). One that a rollback
         still waits for gets its command again, now that it is subscribed: the first may be
-        lost, with the broker's state or in the device's crash (a device records a command only
-        once it ran). The rollback's device timeout still counts from the first send."""
+        lost, with the broker's state (queued for it there, or published before its session
+        existed on a new broker: every device reconnects after a broker reset, and its retained
+        birth reaches the control plane again) or in the device's crash (a device records a
+        command only once it ran). A device that gets it twice rejects the second
+        (``nothing_to_roll_back``), which leaves its row as the first answer put it. The
+        rollback's device timeout still counts from the first send."""
         if self._rolling_back:
             self._births.update(device_ids)
             self._wake.set()

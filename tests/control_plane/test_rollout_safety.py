@@ -174,54 +174,82 @@ def test_a_wave_where_no_device_committed_fails_and_the_rollback_restores_the_si
             watcher.close()
 
 
+class ProbeDevices:
+    """Devices played by one MQTT client (so their messages reach the control plane in order),
+    labelled ``site=probe``, where a test must choose what a device says."""
+
+    def __init__(self, client: ProbeClient, *device_ids: str) -> None:
+        self.client = client
+        self.status = {
+            d: DeviceStatus(device_id=d, online=True, agent_version="probe",
+                            hardware_profile="generic-x86_64", labels={"site": "probe"},
+                            models=[], sent_at=datetime.now(UTC))
+            for d in device_ids
+        }  # fmt: skip
+        for device_id in device_ids:
+            client.subscribe(f"edgefleet/devices/{device_id}/desired")
+            client.subscribe(f"edgefleet/devices/{device_id}/commands")
+            self.birth(device_id)
+
+    def birth(self, device_id: str, **changes: Any) -> None:
+        self.status[device_id] = self.status[device_id].model_copy(update=changes)
+        payload = self.status[device_id].model_dump_json().encode()
+        self.client.publish(f"edgefleet/devices/{device_id}/status", payload, retain=True)
+
+    def manifest(self, device_id: str) -> dict[str, Any]:
+        """The newest manifest of the device's desired state, once it holds one."""
+        desired = self.client.wait(
+            lambda: [
+                d
+                for raw in self.client.messages(f"edgefleet/devices/{device_id}/desired")
+                if (d := DesiredState.model_validate_json(raw)).manifests
+            ],
+            "the rollout's desired state",
+        )
+        signed: dict[str, Any] = desired[-1].manifests[0]["signed"]
+        return signed
+
+    def event(
+        self, device_id: str, manifest: dict[str, Any], state: UpdateState, code: str | None = None
+    ) -> None:
+        doc = UpdateEvent(
+            device_id=device_id, event_id=uuid.uuid4().hex, time=datetime.now(UTC),
+            model="mlp", version=2, sequence=manifest["sequence"],
+            rollout_id=manifest["rollout_id"], state=state, code=code,
+            reason=f"{code} (probe)" if code else None,
+        )  # fmt: skip
+        self.client.publish(f"edgefleet/devices/{device_id}/events", doc.model_dump_json().encode())
+
+    def commands(self, device_id: str) -> list[bytes]:
+        return self.client.messages(f"edgefleet/devices/{device_id}/commands")
+
+
+def _probe_rollout(cp: RunningControlPlane, tmp_path: Path, devices: ProbeDevices) -> int:
+    """Version 2 of mlp rolled out to the probe devices in one wave that bakes long."""
+    wait_devices(cp, *devices.status)
+    push(cp.admin, "mlp", 2, [(mlp_version(tmp_path / "v2", seed=2), [])])
+    validate(cp.admin, "mlp", 2)
+    return rollout(cp, 2, selector={"site": "probe"}, waves=["100%"], bake_time_s=600)
+
+
 def test_a_device_that_committed_stays_committed_when_a_refusal_of_it_repeats(
     start_control_plane: ControlPlaneFactory, broker: Mosquitto, tmp_path: Path
 ) -> None:
     """A device that applied a manifest twice (a retry raced a redelivery) committed it, then
-    refused the copy as superseded: the refusal must not undo the commit and fail the rollout.
-    Two devices played by one MQTT client, so their messages reach the control plane in order."""
-    device = ProbeClient(broker.port)
+    refused the copy as superseded: the refusal must not undo the commit and fail the rollout."""
+    client = ProbeClient(broker.port)
     with start_control_plane() as cp:
         try:
-            assert device.connect() == 0
-            for device_id in ("dev-p", "dev-q"):
-                device.subscribe(f"edgefleet/devices/{device_id}/desired")
-                birth = DeviceStatus(device_id=device_id, online=True, agent_version="probe",
-                                     hardware_profile="generic-x86_64", labels={"site": "probe"},
-                                     models=[], sent_at=datetime.now(UTC))  # fmt: skip
-                topic = f"edgefleet/devices/{device_id}/status"
-                device.publish(topic, birth.model_dump_json().encode(), retain=True)
-            wait_devices(cp, "dev-p", "dev-q")
-            push(cp.admin, "mlp", 2, [(mlp_version(tmp_path / "v2", seed=2), [])])
-            validate(cp.admin, "mlp", 2)
-            rollout_id = rollout(cp, 2, selector={"site": "probe"}, waves=["100%"],
-                                 bake_time_s=600)  # fmt: skip
-            desired = device.wait(
-                lambda: [
-                    d
-                    for raw in device.messages("edgefleet/devices/dev-p/desired")
-                    if (d := DesiredState.model_validate_json(raw)).manifests
-                ],
-                "the rollout's desired state",
-            )
-            manifest = desired[-1].manifests[0]["signed"]
-
-            def event(device_id: str, state: UpdateState, code: str | None = None) -> None:
-                doc = UpdateEvent(
-                    device_id=device_id, event_id=uuid.uuid4().hex, time=datetime.now(UTC),
-                    model="mlp", version=2, sequence=manifest["sequence"],
-                    rollout_id=manifest["rollout_id"], state=state, code=code,
-                    reason=f"{code} (probe)" if code else None,
-                )  # fmt: skip
-                topic = f"edgefleet/devices/{device_id}/events"
-                device.publish(topic, doc.model_dump_json().encode())
-
-            event("dev-p", UpdateState.COMMITTED)
+            assert client.connect() == 0
+            devices = ProbeDevices(client, "dev-p", "dev-q")
+            rollout_id = _probe_rollout(cp, tmp_path, devices)
+            manifest = devices.manifest("dev-p")
+            devices.event("dev-p", manifest, UpdateState.COMMITTED)
             wait_until(lambda: _devices(cp, rollout_id)[1]["dev-p"] == "committed",
                        what="the commit")  # fmt: skip
-            event("dev-p", UpdateState.REJECTED, "superseded")
+            devices.event("dev-p", manifest, UpdateState.REJECTED, "superseded")
             # acted on in order: once dev-q's fault shows, dev-p's refusal was acted on too
-            event("dev-q", UpdateState.DOWNLOADING, "disk_full")
+            devices.event("dev-q", manifest, UpdateState.DOWNLOADING, "disk_full")
             wait_until(
                 lambda: "disk_full" in {
                     d["device_id"]: d["reason"]
@@ -231,61 +259,38 @@ def test_a_device_that_committed_stays_committed_when_a_refusal_of_it_repeats(
             )  # fmt: skip
             assert _devices(cp, rollout_id) == ("running", {"dev-p": "committed", "dev-q": "sent"})
         finally:
-            device.close()
+            client.close()
 
 
 def test_a_device_that_reconnects_while_its_rollback_waits_gets_the_command_again(
     start_control_plane: ControlPlaneFactory, broker: Mosquitto, tmp_path: Path
 ) -> None:
     """A device records a rollback command only once it ran: one that crashed with the command
-    still queued comes back without it. Its birth message brings the command again."""
-    device = ProbeClient(broker.port)
-    commands = "edgefleet/devices/dev-p/commands"
-    status_topic = "edgefleet/devices/dev-p/status"
+    still queued comes back without it. Its birth message brings the command again (also the
+    way a command the broker lost with its state reaches a device: tests/control_plane/
+    test_broker_reset.py)."""
+    client = ProbeClient(broker.port)
     with start_control_plane() as cp:
         try:
-            assert device.connect() == 0
-            device.subscribe("edgefleet/devices/dev-p/desired")
-            device.subscribe(commands)
-            status = DeviceStatus(device_id="dev-p", online=True, agent_version="probe",
-                                  hardware_profile="generic-x86_64", labels={"site": "probe"},
-                                  models=[], sent_at=datetime.now(UTC))  # fmt: skip
-            device.publish(status_topic, status.model_dump_json().encode(), retain=True)
-            wait_devices(cp, "dev-p")
-            push(cp.admin, "mlp", 2, [(mlp_version(tmp_path / "v2", seed=2), [])])
-            validate(cp.admin, "mlp", 2)
-            rollout_id = rollout(cp, 2, selector={"site": "probe"}, waves=["100%"],
-                                 bake_time_s=600)  # fmt: skip
-            desired = device.wait(
-                lambda: [
-                    d
-                    for raw in device.messages("edgefleet/devices/dev-p/desired")
-                    if (d := DesiredState.model_validate_json(raw)).manifests
-                ],
-                "the rollout's desired state",
-            )
-            manifest = desired[-1].manifests[0]["signed"]
-            committed = UpdateEvent(
-                device_id="dev-p", event_id=uuid.uuid4().hex, time=datetime.now(UTC),
-                model="mlp", version=2, sequence=manifest["sequence"],
-                rollout_id=manifest["rollout_id"], state=UpdateState.COMMITTED,
-            )  # fmt: skip
-            device.publish("edgefleet/devices/dev-p/events", committed.model_dump_json().encode())
+            assert client.connect() == 0
+            devices = ProbeDevices(client, "dev-p")
+            rollout_id = _probe_rollout(cp, tmp_path, devices)
+            manifest = devices.manifest("dev-p")
+            devices.event("dev-p", manifest, UpdateState.COMMITTED)
             # and says so in its status, as an agent does: it serves version 2
             serving = [ServedModel(model="mlp", version=2, sequence=manifest["sequence"])]
-            birth = status.model_copy(update={"models": serving}).model_dump_json().encode()
-            device.publish(status_topic, birth, retain=True)
+            devices.birth("dev-p", models=serving)
             wait_until(lambda: _devices(cp, rollout_id) == ("running", {"dev-p": "committed"}),
                        what="the commit")  # fmt: skip
             assert cp.admin.post(f"/api/v1/rollouts/{rollout_id}/abort").status_code == 200
-            device.wait(lambda: device.messages(commands), "the rollback command")
+            client.wait(lambda: devices.commands("dev-p"), "the rollback command")
             # the device "crashed" with it queued, and comes back: a new birth message
-            device.publish(status_topic, birth, retain=True)
-            sent = device.wait(lambda: len(device.messages(commands)) >= 2 and device.messages(commands),
+            devices.birth("dev-p")
+            sent = client.wait(lambda: len(devices.commands("dev-p")) >= 2 and devices.commands("dev-p"),
                                "the rollback command again")  # fmt: skip
             first, again = (json.loads(c)["signed"] for c in sent[:2])
             assert again["type"] == "rollback" and again["from_version"] == 2
             assert again["command_id"] != first["command_id"]
             assert _devices(cp, rollout_id) == ("rolling_back", {"dev-p": "reverting"})
         finally:
-            device.close()
+            client.close()
