@@ -241,6 +241,13 @@ class AgentMetrics:
         memory = GaugeMetricFamily(
             "edgefleet_model_memory_bytes", "Memory accounted to the version", labels=LABELS
         )
+        reruns = CounterMetricFamily(
+            "edgefleet_batch_reruns",
+            "Batches that failed on one request's data and were run again one request at a "
+            "time (their executions count in edgefleet_batch_executions and their rows in "
+            "edgefleet_inference_rows again)",
+            labels=LABELS,
+        )
         if self._manager is not None:
             for entry in self._manager.models.values():
                 for version, lv in entry.served.items():
@@ -250,7 +257,8 @@ class AgentMetrics:
                     ready.add_metric(labels, 1)
                     load.add_metric(labels, lv.load_s)
                     memory.add_metric(labels, lv.memory_bytes)
-        yield from (depth, pending, ready, load, memory)
+                    reruns.add_metric(labels, lv.batcher.rerun_batches)
+        yield from (depth, pending, ready, load, memory, reruns)
         with self._process.oneshot():
             cpu = self._process.cpu_times()
             rss = self._process.memory_info().rss

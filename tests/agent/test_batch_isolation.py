@@ -46,6 +46,13 @@ def _upper(agent: RunningAgent, text: bytes) -> httpx.Response:
     )
 
 
+def _reruns(agent: RunningAgent, model: str) -> float:
+    for line in agent.client.get("/metrics").text.splitlines():
+        if line.startswith(f'edgefleet_batch_reruns_total{{model="{model}"'):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no edgefleet_batch_reruns_total series for {model}")
+
+
 def _batch_sizes(agent: RunningAgent, model: str) -> set[int]:
     stats = agent.client.get(f"/v2/models/{model}/stats").json()["model_stats"][0]
     return {b["batch_size"] for b in stats["batch_stats"]}
@@ -53,12 +60,14 @@ def _batch_sizes(agent: RunningAgent, model: str) -> set[int]:
 
 def test_an_index_out_of_range_fails_only_its_own_request(agent: RunningAgent) -> None:
     indices = [1, 99, 3, 7]  # the table has 10 rows
+    reruns = _reruns(agent, "emb")
     with ThreadPoolExecutor(len(indices)) as pool:
         responses = list(pool.map(lambda i: _lookup(agent, i), indices))
     assert 4 in _batch_sizes(agent, "emb"), "the four requests did not share a batch"
     bad = responses[1]
     assert bad.status_code == 500 and bad.json()["code"] == "inference_failed", bad.text
     assert "indices element out of data bounds" in bad.json()["error"]
+    assert _reruns(agent, "emb") == reruns + 1
     table = embedding_table()
     for index, resp in zip(indices, responses, strict=True):
         if index == 99:
@@ -83,9 +92,11 @@ def test_a_string_that_is_not_utf8_fails_only_its_own_request(agent: RunningAgen
 
 
 def test_valid_batches_still_run_as_one(agent: RunningAgent) -> None:
+    reruns = _reruns(agent, "emb")
     with ThreadPoolExecutor(4) as pool:
         responses = list(pool.map(lambda i: _lookup(agent, i), [0, 2, 4, 6]))
     table = embedding_table()
     outputs = [np.array(r.json()["outputs"][0]["data"]) for r in responses]
     np.testing.assert_array_equal(np.stack(outputs), table[[0, 2, 4, 6]])
+    assert _reruns(agent, "emb") == reruns
     assert agent.client.get("/v2/health/ready").status_code == 200
