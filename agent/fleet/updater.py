@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import tomllib
@@ -32,7 +33,7 @@ import httpx
 from pydantic import ValidationError
 
 from agent.errors import AgentError, LoadError
-from agent.fleet.download import fetch
+from agent.fleet.download import stage_update
 from agent.fleet.settings import FleetSettings
 from agent.fleet.state import FleetState, StateFiles
 from agent.fleet.store import ModelStore, is_disk_full
@@ -251,7 +252,14 @@ class Updater:
                 reject(exc)
                 return
         try:
-            version_dir = await self._download(vm, http, say)
+            version_dir = await stage_update(
+                vm,
+                http,
+                self.store,
+                self.settings,
+                functools.partial(self._served, m.model),
+                say,
+            )
             if self._withdrawn(vm):
                 self._remove_unless_kept(m)
                 return  # withdrawn while it downloaded: reported then
@@ -365,56 +373,9 @@ class Updater:
         if m.version != ms.committed_version and not (entry and m.version in entry.served):
             self.store.remove_version(m.model, m.version)
 
-    async def _download(
-        self, vm: VerifiedManifest, http: httpx.AsyncClient, say: Callable[..., None]
-    ) -> Path:
-        try:
-            return await self._download_and_install(vm, http, say)
-        except OSError as exc:
-            # the device's storage, not the manifest: reported, and tried again later
-            full = is_disk_full(exc)
-            raise ProtocolError(
-                Rejection.DISK_FULL if full else Rejection.DOWNLOAD_FAILED,
-                f"storing the update failed: {exc.strerror or exc} ({exc.filename})",
-            ) from exc
-
-    async def _download_and_install(
-        self, vm: VerifiedManifest, http: httpx.AsyncClient, say: Callable[..., None]
-    ) -> Path:
-        m = vm.manifest
-        refs = list(vm.variant.files) + ([m.golden] if m.golden else [])
-        if await asyncio.to_thread(self.store.installed, m.model, m.version, refs):
-            return self.store.version_dir(m.model, m.version)
-        total = sum(r.size for r in refs) or 1
-        done = 0
-        say(UpdateState.DOWNLOADING, progress=0.0)
-        files: dict[str, Path] = {}
-        last_report = time.monotonic()
-
-        for ref in refs:
-
-            def progress(written: int, before: int = done) -> None:
-                nonlocal last_report
-                if time.monotonic() - last_report >= 1.0:  # at most one progress event a second
-                    last_report = time.monotonic()
-                    say(UpdateState.DOWNLOADING, progress=min(1.0, (before + written) / total))
-
-            files[ref.name] = await fetch(
-                http,
-                ref,
-                self.store.staging,
-                max_bytes=self.settings.max_artifact_bytes,
-                attempts=self.settings.download_attempts,
-                progress=progress,
-            )
-            done += ref.size
-        say(UpdateState.DOWNLOADING, progress=1.0)
-        entry = self.manager.models.get(m.model)
-        self.store.pin(m.model, sorted(entry.served) if entry else [])
-        version_dir = await asyncio.to_thread(self.store.install, m.model, m.version, files, refs)
-        for path in files.values():
-            path.unlink(missing_ok=True)
-        return version_dir
+    def _served(self, model: str) -> list[int]:
+        entry = self.manager.models.get(model)
+        return sorted(entry.served) if entry else []
 
     @staticmethod
     def _config(m: ModelManifest) -> ModelConfig:
