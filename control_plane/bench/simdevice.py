@@ -253,8 +253,10 @@ class SimDevice:
         m = vm.manifest
         async with self._lock:
             try:
+                if m.sequence in (self.committed_sequence, self.failed_sequence):
+                    return  # a copy queued while this one was applied: already reported
                 floor = self._floor(m.model)
-                if floor is not None and m.sequence <= floor:
+                if floor is not None and m.sequence < floor:  # as the agent's updater
                     self.report(
                         UpdateState.REJECTED,
                         m.version,
