@@ -26,6 +26,9 @@ class TensorSpec(BaseModel):
     name: str
     datatype: str
     shape: tuple[int, ...]
+    ranked: bool = True
+    """False when the model declares no shape at all (unknown rank): ``shape`` is then ``()``
+    and inputs of any shape pass the check; the backend judges them when it runs."""
 
     def describe_shape(self) -> str:
         return "[" + ", ".join(str(d) for d in self.shape) + "]"
@@ -107,6 +110,8 @@ class ModelSignature(BaseModel):
 
 
 def _check_shape(spec: TensorSpec, shape: tuple[int, ...]) -> None:
+    if not spec.ranked:
+        return
     expected = spec.shape
     fits = len(shape) == len(expected) and all(
         want == DYNAMIC or want == got for want, got in zip(expected, shape, strict=True)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
 import platform
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,8 @@ from runtimes.formats import ModelFormat
 from runtimes.signature import DYNAMIC, ModelSignature, TensorSpec
 
 CPU_PROVIDER = "CPUExecutionProvider"
+
+log = logging.getLogger("edgefleet.runtimes")
 
 _OPT_LEVELS = {
     "disable": "ORT_DISABLE_ALL",
@@ -63,30 +67,61 @@ class OnnxRuntimeBackend(Runtime):
                 f"(available: {', '.join(available)})"
             )
         providers.append(CPU_PROVIDER)
-        options = self._session_options(ort)
         provider_options = [self._provider_options(p, placement) for p in providers]
-        path, pending = self._cache_plan(ort, model_file, providers, options)
-        try:
-            self._session = ort.InferenceSession(
+        session = self._open_session(ort, model_file, providers, provider_options)
+        fallback = cpu_fallback(providers, session.get_providers())
+        if fallback is not None:
+            raise DeviceUnavailableError(f"onnxruntime: {fallback}")
+        unranked = _unranked_tensors(model_file, session)
+        signature = ModelSignature(
+            inputs=tuple(_spec(i, "input", unranked) for i in session.get_inputs()),
+            outputs=tuple(_spec(o, "output", unranked) for o in session.get_outputs()),
+        )
+        self._session = session
+        self._output_names = [o.name for o in session.get_outputs()]
+        return signature
+
+    def _open_session(
+        self, ort: Any, model_file: Path, providers: list[str], provider_options: list[Any]
+    ) -> Any:
+        """A session from the cached optimised graph if there is a good one, else the file."""
+
+        def create(path: Path, options: Any) -> Any:
+            return ort.InferenceSession(
                 str(path),
                 sess_options=options,
                 providers=providers,
                 provider_options=provider_options,
             )
+
+        options = self._session_options(ort)
+        path, pending = self._cache_plan(ort, model_file, providers, options, reuse=True)
+        if path != model_file:
+            try:
+                return create(path, options)
+            except Exception as exc:
+                # NOTE: an entry cut short by a power loss must not break the model for good;
+                # the model file is loaded instead and the entry written again.
+                log.warning(
+                    "onnxruntime: cached graph %s cannot be loaded (%s); removing it and "
+                    "loading %s",
+                    path,
+                    _message(exc),
+                    model_file,
+                )
+                with contextlib.suppress(OSError):  # a read-only cache: the rewrite is skipped
+                    path.unlink()
+            options = self._session_options(ort)
+            path, pending = self._cache_plan(ort, model_file, providers, options, reuse=False)
+        session = None
+        try:
+            session = create(path, options)
         except Exception as exc:
             raise _translate_load_error(exc, model_file) from exc
         finally:
             if pending is not None:
-                _publish(pending, ok=self._session is not None)
-        self._output_names = [o.name for o in self._session.get_outputs()]
-        try:
-            return ModelSignature(
-                inputs=tuple(_spec(i, "input") for i in self._session.get_inputs()),
-                outputs=tuple(_spec(o, "output") for o in self._session.get_outputs()),
-            )
-        except UnsupportedModelError:
-            self._session = None
-            raise
+                _publish(pending, ok=session is not None)
+        return session
 
     def _session_options(self, ort: Any) -> Any:
         s = self.settings
@@ -113,29 +148,44 @@ class OnnxRuntimeBackend(Runtime):
         return options
 
     def _cache_plan(
-        self, ort: Any, model_file: Path, providers: list[str], options: Any
+        self, ort: Any, model_file: Path, providers: list[str], options: Any, *, reuse: bool
     ) -> tuple[Path, tuple[Path, Path] | None]:
         """The file to load, and (scratch, final) paths if this load writes the cache.
 
         Only CPU-only sessions are cached: ONNX Runtime documents that graphs optimised at
         the extended/all levels are tied to the hardware and providers they were built for,
         so the key names both; other providers keep their own caches (TensorRT engines).
+        Models with external data are not cached: the saved graph would point at weights
+        beside the cache entry, not beside the model, and the key would not cover them.
+        A cache folder that cannot be written is skipped with a warning (a read-only root).
         """
         level = self.settings.graph_optimization_level
         cache = self.settings.cache_dir
         if cache is None or providers != [CPU_PROVIDER] or level == "disable":
             return model_file, None
         try:
-            digest = hashlib.sha256(model_file.read_bytes()).hexdigest()[:24]
+            data = model_file.read_bytes()
         except OSError as exc:
             raise ModelFileError(f"cannot read {model_file}: {exc}") from exc
+        if _has_external_data(data):
+            return model_file, None
+        digest = hashlib.sha256(data).hexdigest()[:24]
         cached = cache / "onnxruntime" / f"{digest}-{ort.__version__}-{level}-{_cpu_tag()}.onnx"
-        if cached.is_file():
+        if reuse and cached.is_file():
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
             return cached, None
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        fd, scratch = tempfile.mkstemp(dir=cached.parent, suffix=".partial")
-        os.close(fd)
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            fd, scratch = tempfile.mkstemp(dir=cached.parent, suffix=".partial")
+            os.close(fd)
+        except OSError as exc:
+            log.warning(
+                "onnxruntime: cache folder %s cannot be written (%s); loading %s without caching",
+                cached.parent,
+                exc,
+                model_file.name,
+            )
+            return model_file, None
         options.optimized_model_filepath = scratch
         # ONNX Runtime warns that the saved graph is hardware-specific; the key covers that.
         options.log_severity_level = 3
@@ -143,8 +193,11 @@ class OnnxRuntimeBackend(Runtime):
 
     def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         # NOTE: ONNX Runtime's Python binding takes and gives string tensors as str; the
-        # project's BYTES tensors are object arrays of bytes.
-        feed = {k: _bytes_to_strings(k, v) if v.dtype == object else v for k, v in inputs.items()}
+        # project's BYTES tensors are object arrays of bytes. Fixed-width numpy bytes (S) are
+        # converted too: ONNX Runtime reads them as C strings, past each unterminated value.
+        feed = {
+            k: _bytes_to_strings(k, v) if v.dtype.kind in "OSU" else v for k, v in inputs.items()
+        }
         try:
             results = self._session.run(self._output_names, feed)
         except Exception as exc:
@@ -177,7 +230,67 @@ def _strings_to_bytes(array: np.ndarray) -> np.ndarray:
     return out
 
 
-def _spec(arg: Any, role: str) -> TensorSpec:
+def cpu_fallback(requested: list[str], active: list[str]) -> str | None:
+    """Why a session runs on CPU only although other providers were asked for, or None.
+
+    ONNX Runtime drops a provider it cannot create (a CUDA or cuDNN version mismatch) with a
+    log line and runs on the CPU provider; the placement would still say GPU. One of the
+    requested non-CPU providers active is enough (TensorRT may fall back to CUDA).
+    """
+    wanted = [p for p in requested if p != CPU_PROVIDER]
+    if not wanted or any(p in active for p in wanted):
+        return None
+    return (
+        f"none of {wanted} could be started (ONNX Runtime's log says why); the session "
+        f"would run on {active}"
+    )
+
+
+def _has_external_data(data: bytes) -> bool:
+    import onnx
+
+    try:
+        model = onnx.ModelProto.FromString(data)
+    except Exception:
+        return False  # not a model: ONNX Runtime reports it when it loads the file
+    return any(onnx.external_data_helper.uses_external_data(t) for t in _tensors(model.graph))
+
+
+def _tensors(graph: Any) -> Iterator[Any]:
+    """Every tensor stored in a graph: initializers and attributes, subgraphs included."""
+    yield from graph.initializer
+    yield from (s.values for s in graph.sparse_initializer)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            for sub in (*attr.graphs, *([attr.g] if attr.HasField("g") else [])):
+                yield from _tensors(sub)
+
+
+def _unranked_tensors(model_file: Path, session: Any) -> frozenset[str]:
+    """Inputs and outputs the model declares no shape for (unknown rank).
+
+    ONNX Runtime reports them with shape ``[]``, like a scalar; only the graph tells them apart.
+    """
+    args = [*session.get_inputs(), *session.get_outputs()]
+    if not any(arg.shape == [] for arg in args):
+        return frozenset()
+    import onnx
+
+    try:
+        graph = onnx.load(str(model_file), load_external_data=False).graph
+    except Exception:
+        return frozenset()  # ONNX Runtime parsed it; keep its description
+    return frozenset(
+        vi.name
+        for vi in (*graph.input, *graph.output)
+        if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")
+    )
+
+
+def _spec(arg: Any, role: str, unranked: frozenset[str]) -> TensorSpec:
     try:
         datatype = from_onnx(arg.type)
     except KeyError:
@@ -187,7 +300,8 @@ def _spec(arg: Any, role: str) -> TensorSpec:
             "datatypes are served"
         ) from None
     shape = tuple(d if isinstance(d, int) and d >= 0 else DYNAMIC for d in (arg.shape or ()))
-    return TensorSpec(name=arg.name, datatype=datatype, shape=shape)
+    ranked = arg.name not in unranked
+    return TensorSpec(name=arg.name, datatype=datatype, shape=shape, ranked=ranked)
 
 
 def _message(exc: Exception) -> str:
@@ -207,17 +321,20 @@ def _translate_load_error(exc: Exception, model_file: Path) -> RuntimeFailure:
         return ModelFileError(message)
     if kind == "EPFail":
         return DeviceUnavailableError(message)
-    if kind == "InvalidArgument":
-        return InvalidInputError(message)
+    # NOTE: no input exists yet at load: InvalidArgument here is a file ONNX Runtime cannot
+    # use (an empty one has "no graph"), not an invalid request.
     return ModelFileError(message)
 
 
 def _publish(pending: tuple[Path, Path], *, ok: bool) -> None:
     scratch, final = pending
-    if ok and scratch.stat().st_size > 0:
-        scratch.replace(final)  # atomic: a later start never reads half a file
-    else:
-        scratch.unlink(missing_ok=True)
+    try:
+        if ok and scratch.stat().st_size > 0:
+            scratch.replace(final)  # atomic: a later start never reads half a file
+            return
+    except OSError as exc:
+        log.warning("onnxruntime: cannot write cache entry %s (%s)", final, exc)
+    scratch.unlink(missing_ok=True)
 
 
 def _cpu_tag() -> str:
