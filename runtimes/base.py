@@ -67,21 +67,12 @@ class Runtime(ABC):
         return self._signature
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run one batch. Inputs are validated first, so every backend rejects the same
-        mistakes with the same :class:`~runtimes.errors.InvalidInputError`."""
-        signature = self.signature
-        batch = signature.validate_inputs(inputs)
-        outputs = self._run(inputs)
-        if batch is not None:
-            # NOTE: a batch that comes back with the wrong number of rows would be split
-            # wrongly across requests; refuse it (pytriton's @batch does the same check).
-            for name, array in outputs.items():
-                if array.ndim == 0 or array.shape[0] != batch:
-                    raise InferenceFailedError(
-                        f"{self.name}: output {name!r} has shape {list(array.shape)}, "
-                        f"expected {batch} rows"
-                    )
-        return outputs
+        """Run the model once. Inputs are validated first, so every backend rejects the same
+        mistakes with the same :class:`~runtimes.errors.InvalidInputError`. The outputs are the
+        model's as they are: whoever splits them by rows checks them first
+        (:func:`check_rows`), since a dynamic first dimension is not always the batch."""
+        self.signature.validate_inputs(inputs)
+        return self._run(inputs)
 
     @abstractmethod
     def _load(self, model_file: Path, placement: Placement) -> ModelSignature: ...
@@ -96,3 +87,18 @@ class Runtime(ABC):
 
     @abstractmethod
     def _close(self) -> None: ...
+
+
+def check_rows(name: str, outputs: Mapping[str, np.ndarray], rows: int) -> None:
+    """Refuse outputs that do not have ``rows`` rows each: split across the requests of a
+    batch, they would go to the wrong ones (pytriton's ``@batch`` checks the same). A model
+    whose first output dimension is dynamic but not the batch (NonZero's ``[K, 2]``) fails it.
+
+    Raises:
+        InferenceFailedError: naming the first output whose row count differs.
+    """
+    for output, array in outputs.items():
+        if array.ndim == 0 or array.shape[0] != rows:
+            raise InferenceFailedError(
+                f"{name}: output {output!r} has shape {list(array.shape)}, expected {rows} rows"
+            )

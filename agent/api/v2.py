@@ -74,7 +74,7 @@ def _metadata(lv: LoadedVersion, versions: list[int]) -> dict[str, Any]:
         "outputs": tensors(lv.signature.outputs),
         "parameters": {
             "placement": lv.placement.describe(),
-            "batched": lv.signature.batched,
+            "batched": lv.batcher.batched,
             "max_batch_size": lv.batcher.max_rows,
         },
     }

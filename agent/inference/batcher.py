@@ -20,12 +20,15 @@ that many unless the batch would be full. Two groups then alternate, one computi
 other crosses HTTP. With steady light load the aim is what is queued and nothing waits; after
 a real drop in load one request is held once.
 
-Outputs are split back by rows after checking each output has the summed row count (the
-runtime does that check). A failing batch fails only its own requests, and of those only the
-ones at fault: some failures depend on one request's data and show only when the model runs (an
-index past an embedding table, a string that is not UTF-8), so a batch of several requests that
-fails that way is run again one request at a time (:func:`_run_batch`). A request that
-times out in the queue is answered with :class:`DeadlineExceededError` and never run; one whose
+Outputs are split back by rows after checking each output has the summed row count; a batch
+whose outputs do not (a model whose first dimension is dynamic but not the batch) is run again
+one request at a time, as a failing batch is.
+
+A failing batch fails only its own requests, and of those only the ones at fault: some
+failures depend on one request's data and show only when the model runs (an index past an
+embedding table, a string that is not UTF-8), so a batch of several requests that fails that
+way is run again one request at a time (:func:`_run_batch`). A request that times out in the
+queue is answered with :class:`DeadlineExceededError` and never run; one whose
 caller went away (its future cancelled) is dropped.
 """
 
@@ -43,7 +46,7 @@ import numpy as np
 from agent.errors import DeadlineExceededError, OverloadedError, ShuttingDownError
 from agent.inference.priority import lower_this_thread
 from agent.model_config import BatchingConfig
-from runtimes.base import Runtime
+from runtimes.base import Runtime, check_rows
 from runtimes.errors import InferenceFailedError, InvalidInputError, RuntimeFailure
 
 Arrays = dict[str, np.ndarray]
@@ -111,6 +114,11 @@ def _run_batch(name: str, runtime: Runtime, parts: list[Arrays], rows: list[int]
         return _Ran([result], [(rows[0], time.monotonic() - started)])
     stacked = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     batch = _run_one(name, runtime, stacked)
+    if not isinstance(batch, RuntimeFailure):
+        try:  # outputs that cannot be split by rows: each request runs alone, below
+            check_rows(name, batch, sum(rows))
+        except InferenceFailedError as exc:
+            batch = exc
     runs = [(sum(rows), time.monotonic() - started)]
     if not isinstance(batch, RuntimeFailure):
         offsets = np.cumsum([0, *rows])

@@ -34,6 +34,7 @@ from agent.inference.versions import (
     VersionState,
     VersionStatus,
     accounted_memory_bytes,
+    batching_problem,
     estimate_memory_bytes,
     open_instances,
     warm_up,
@@ -229,7 +230,7 @@ class ModelManager:
             started = time.monotonic()
             settings = self.runtime_settings
 
-            def load() -> tuple[list[Runtime], int]:
+            def load() -> tuple[list[Runtime], int, bool]:
                 runtimes, rss_added = open_instances(
                     model_file,
                     plan.placement,
@@ -239,15 +240,22 @@ class ModelManager:
                     self.runtime_factory,
                 )
                 try:
-                    warm_up(runtimes, version_dir, config)
+                    ran = warm_up(runtimes, version_dir, config)
+                    batched = runtimes[0].signature.batched and config.batching.max_batch_size > 0
+                    problem = batching_problem(runtimes[0], ran) if batched and ran else None
                 except BaseException:
                     for rt in runtimes:
                         rt.close()
                     raise
-                return runtimes, rss_added
+                if problem is not None:
+                    log.warning(
+                        "outputs do not follow the batch dimension: requests run one at a time",
+                        extra={"model": entry.name, "version": version, "reason": problem},
+                    )
+                return runtimes, rss_added, batched and problem is None
 
             # loaded at the inference threads' priority: a backend's own threads inherit it
-            runtimes, rss_added = await run_lowered(
+            runtimes, rss_added, batched = await run_lowered(
                 settings.compute_nice_offset, f"load:{name}", load
             )
             load_s = time.monotonic() - started
@@ -287,7 +295,7 @@ class ModelManager:
                 name,
                 runtimes,
                 config.batching,
-                batched=runtimes[0].signature.batched,
+                batched=batched,
                 observer=observer,
                 nice_offset=settings.compute_nice_offset,
             ),

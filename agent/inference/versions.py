@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from runtimes.formats import ModelFormat
 from runtimes.golden import GOLDEN_FILE, GoldenSample
 from runtimes.settings import RuntimeSettings
 from runtimes.signature import DYNAMIC, ModelSignature, TensorSpec
+
+log = logging.getLogger("edgefleet.agent.models")
 
 
 class VersionState(StrEnum):
@@ -137,14 +140,24 @@ def open_instances(
     return runtimes, max(0, psutil.Process().memory_info().rss - rss_before)
 
 
-def warm_up(runtimes: list[Runtime], version_dir: Path, config: ModelConfig) -> None:
-    """Run the golden sample (or, without one, zeros of batch 1) through every instance.
+def warm_up(
+    runtimes: list[Runtime], version_dir: Path, config: ModelConfig
+) -> dict[str, np.ndarray] | None:
+    """Run the golden sample (or, without one, zeros of batch 1) through every instance;
+    return the inputs that ran, or None when zeros could not.
+
+    Zeros that fail on a model with dynamic dimensions besides the batch are a warning, not a
+    failure: a size of 1 is not valid for every model (a convolution of a dynamic-resolution
+    image needs more than its kernel), and no other size is known without a golden sample.
+    Such a version serves unwarmed and untested; a golden sample warms and tests it.
 
     Raises:
         LoadError: a tensor has a datatype the agent cannot carry, the golden output does not
-            match, or a golden file is required and absent.
+            match, zeros fail on a model of fixed dimensions, or a golden file is required
+            and absent.
     """
-    check_datatypes(runtimes[0].signature)
+    signature = runtimes[0].signature
+    check_datatypes(signature)
     golden_path = version_dir / GOLDEN_FILE
     if config.warmup.golden and golden_path.is_file():
         golden = GoldenSample.load(golden_path)
@@ -155,15 +168,42 @@ def warm_up(runtimes: list[Runtime], version_dir: Path, config: ModelConfig) -> 
                 raise LoadError(f"self-test failed on instance {i}: {exc}") from exc
             if problems:
                 raise LoadError(f"self-test failed on instance {i}: " + "; ".join(problems))
-        return
+        return dict(golden.inputs)
     if config.warmup.require_golden:
         raise LoadError(f"no {GOLDEN_FILE} in {version_dir}, and warmup.require_golden is set")
-    zeros = {t.name: _zeros(t) for t in runtimes[0].signature.inputs}
+    zeros = {t.name: _zeros(t) for t in signature.inputs}
     try:
         for runtime in runtimes:
             runtime.infer(zeros)
     except RuntimeFailure as exc:
-        raise LoadError(f"warm-up with zeros failed: {exc}") from exc
+        skip = 1 if signature.batched else 0
+        dynamic = [t.name for t in signature.inputs if not t.ranked or DYNAMIC in t.shape[skip:]]
+        if not dynamic:
+            raise LoadError(f"warm-up with zeros failed: {exc}") from exc
+        log.warning(
+            "warm-up with zeros failed on dynamic dimensions: serving unwarmed; add a "
+            f"{GOLDEN_FILE} to warm up and self-test this version",
+            extra={"model_dir": str(version_dir), "inputs": dynamic, "reason": str(exc)},
+        )
+        return None
+    return zeros
+
+
+def batching_problem(runtime: Runtime, inputs: dict[str, np.ndarray]) -> str | None:
+    """Why requests cannot share a batch of this model, or None: ``inputs`` stacked twice must
+    run and come back with twice the rows in every output. A dynamic first dimension on every
+    tensor is read as the batch (:attr:`ModelSignature.batched`), and is not always one:
+    NonZero's ``[K, 2]`` output, a detector's boxes after non-maximum suppression."""
+    rows = next(iter(inputs.values())).shape[0]
+    doubled = {k: np.concatenate([v, v]) for k, v in inputs.items()}
+    try:
+        outputs = runtime.infer(doubled)
+    except RuntimeFailure as exc:
+        return f"{2 * rows} rows failed where {rows} ran: {exc}"
+    for name, array in outputs.items():
+        if array.ndim == 0 or array.shape[0] != 2 * rows:
+            return f"output {name!r} has shape {list(array.shape)} for {2 * rows} rows in"
+    return None
 
 
 def check_datatypes(signature: ModelSignature) -> None:

@@ -1,5 +1,6 @@
 """Small test models beyond the examples: a BYTES model (ONNX StringNormalizer), an embedding
-lookup whose failure depends on the data, and models with types the agent does not serve."""
+lookup whose failure depends on the data, models with types the agent does not serve, and
+models whose dynamic dimensions are not all a batch (NonZero, a dynamic-resolution Conv)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,31 @@ def write_sequence_output_model(repository: Path, name: str = "seqout") -> Path:
         [helper.make_node("SequenceConstruct", ["x"], ["s"])], name,
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])],
         [helper.make_value_info("s", sequence)],
+    )  # fmt: skip
+    return _save(graph, repository, name)
+
+
+def write_nonzero_model(repository: Path, name: str = "hits") -> Path:
+    """FP32 ``[N, 4]`` in, the INT64 ``[K, 2]`` indices of its non-zero values out: every
+    tensor's first dimension is dynamic, but the output's is not the batch."""
+    graph = helper.make_graph(
+        [helper.make_node("NonZero", ["x"], ["nz"]),
+         helper.make_node("Transpose", ["nz"], ["hits"], perm=[1, 0])], name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("hits", TensorProto.INT64, ["K", 2])],
+    )  # fmt: skip
+    return _save(graph, repository, name)
+
+
+def write_dynamic_conv_model(repository: Path, name: str = "conv") -> Path:
+    """A 3x3 convolution of a ``[N, 1, H, W]`` image of any size of at least 3x3 (all-ones
+    kernel, no padding): zeros of 1x1 cannot run it."""
+    kernel = numpy_helper.from_array(np.ones((1, 1, 3, 3), np.float32), "kernel")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["image", "kernel"], ["sums"], kernel_shape=[3, 3])], name,
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 1, "H", "W"])],
+        [helper.make_tensor_value_info("sums", TensorProto.FLOAT, ["N", 1, "H2", "W2"])],
+        [kernel],
     )  # fmt: skip
     return _save(graph, repository, name)
 

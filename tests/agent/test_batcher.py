@@ -30,13 +30,13 @@ class EchoRuntime(Runtime):
     def __init__(
         self,
         fail_on_negative: bool = False,
-        wrong_rows: bool = False,
+        one_row_out: bool = False,
         compute_s: float = 0.0,
         failure: type[RuntimeFailure] = InferenceFailedError,
     ) -> None:
         super().__init__()
         self.batches: list[tuple[int, ...]] = []
-        self.fail_on_negative, self.wrong_rows = fail_on_negative, wrong_rows
+        self.fail_on_negative, self.one_row_out = fail_on_negative, one_row_out
         self.failure = failure
         self.compute_s = compute_s
         self.hold = threading.Event()
@@ -57,7 +57,8 @@ class EchoRuntime(Runtime):
         if self.fail_on_negative and (x < 0).any():
             raise self.failure("negative input")
         y = x * 2
-        return {"y": y[:-1] if self.wrong_rows else y}
+        # one_row_out: one row whatever the rows in, as NonZero's output is not the batch
+        return {"y": y.sum(axis=0, keepdims=True) if self.one_row_out else y}
 
     def _close(self) -> None:
         pass
@@ -195,14 +196,18 @@ def test_queue_delay_waits_for_more_requests() -> None:
     run(main())
 
 
-def test_output_with_wrong_row_count_is_an_error_not_a_misassignment() -> None:
+def test_outputs_that_cannot_be_split_by_rows_are_not_split_across_requests() -> None:
     async def main() -> None:
-        rt = EchoRuntime(wrong_rows=True)
-        b = _held_batcher(rt, max_batch_size=8)
+        rt = EchoRuntime(one_row_out=True)
+        b = _held_batcher(rt, max_batch_size=8, balance_batches=False)
         b.start()
-        (result,) = await _submit_all(b, [np.ones((3, 4), np.float32)])
+        arrays = [np.full((1, 4), v, np.float32) for v in (1, 2, 3)]
+        results = await _hold_then_release(b, rt, arrays)
         await b.close()
-        assert isinstance(result, InferenceFailedError) and "expected 3 rows" in str(result)
+        # one row out for three in: each request ran again alone and got its own answer
+        assert rt.batches[1:] == [(3, 4), (1, 4), (1, 4), (1, 4)] and b.rerun_batches == 1
+        for a, r in zip(arrays, results, strict=True):
+            np.testing.assert_array_equal(r.outputs["y"], a * 2)  # type: ignore[attr-defined]
 
     run(main())
 
