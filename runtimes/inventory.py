@@ -13,7 +13,6 @@ placed on it.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import glob
 import importlib.util
 from collections.abc import Iterable
@@ -112,8 +111,12 @@ def _probe_litert() -> RuntimeInfo:
 
 
 def _library_loads(name: str) -> bool:
+    """Whether ``name`` loads as LiteRT will load it: by the same name, so through the same
+    search (a bare name is looked up by the dynamic loader), with all its dependencies."""
+    # NOTE: a library that find_library() finds may still not load (a dependency missing),
+    # and it may find another version than the one named; neither can be used.
     try:
         ctypes.CDLL(name)
     except OSError:
-        return ctypes.util.find_library(name.removeprefix("lib").split(".so")[0]) is not None
+        return False
     return True

@@ -23,6 +23,11 @@ from runtimes.errors import (
 from runtimes.formats import ModelFormat
 from runtimes.signature import ModelSignature, TensorSpec
 
+# Functions every LiteRT delegate plugin library exports (the external delegate ABI).
+_DELEGATE_ENTRY_POINTS = ("tflite_plugin_create_delegate", "tflite_plugin_destroy_delegate")
+# Placement options that configure this backend rather than the delegate.
+_BACKEND_OPTIONS = frozenset({"xnnpack"})
+
 
 def interpreter_module() -> Any:
     """``ai_edge_litert.interpreter``, or ``tflite_runtime.interpreter`` on older devices."""
@@ -48,15 +53,7 @@ class LiteRtBackend(Runtime):
         module = interpreter_module()
         delegates = []
         if placement.delegate:
-            try:
-                # NOTE: LiteRT's Delegate.__del__ raises on an object whose library failed
-                # to load, so the library is opened here first and LiteRT only sees good ones.
-                ctypes.CDLL(placement.delegate)
-                delegates.append(module.load_delegate(placement.delegate, dict(placement.options)))
-            except (ValueError, OSError, RuntimeError) as exc:
-                raise DeviceUnavailableError(
-                    f"litert {placement.device}: cannot load delegate {placement.delegate}: {exc}"
-                ) from exc
+            delegates.append(_load_delegate(module, placement.delegate, placement))
         kwargs: dict[str, Any] = {"experimental_delegates": delegates or None}
         if self.settings.intra_op_threads:
             kwargs["num_threads"] = self.settings.intra_op_threads
@@ -101,6 +98,26 @@ class LiteRtBackend(Runtime):
 
     def _close(self) -> None:
         self._interpreter = None
+
+
+def _load_delegate(module: Any, library: str, placement: Placement) -> Any:
+    failure = f"litert {placement.device}: cannot load delegate {library}"
+    # NOTE: LiteRT's Delegate.__del__ raises on an object whose library failed to load or
+    # lacks the plugin entry points, so the library is opened and checked here first and
+    # LiteRT only sees good ones.
+    try:
+        handle = ctypes.CDLL(library)
+    except OSError as exc:
+        raise DeviceUnavailableError(f"{failure}: {exc}") from exc
+    absent = [symbol for symbol in _DELEGATE_ENTRY_POINTS if not hasattr(handle, symbol)]
+    if absent:
+        raise DeviceUnavailableError(f"{failure}: not a LiteRT delegate (no {', '.join(absent)})")
+    # This backend's own keys are not the delegate's; a delegate may refuse unknown ones.
+    options = {k: v for k, v in placement.options.items() if k not in _BACKEND_OPTIONS}
+    try:
+        return module.load_delegate(library, options)
+    except Exception as exc:  # ValueError from LiteRT, and whatever ctypes lets through
+        raise DeviceUnavailableError(f"{failure}: {exc}") from exc
 
 
 def _spec(detail: dict[str, Any], role: str) -> TensorSpec:

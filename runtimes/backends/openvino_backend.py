@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,10 @@ from runtimes.errors import (
 from runtimes.formats import ModelFormat
 from runtimes.signature import DYNAMIC, ModelSignature, TensorSpec
 
+log = logging.getLogger("edgefleet.runtimes")
+
+# Devices that choose among, or split a model across, the devices listed after the colon.
+VIRTUAL_DEVICES = ("AUTO", "MULTI", "HETERO")
 _UNSUPPORTED = ("No conversion rule", "OpConversionFailure", "not supported", "Unsupported")
 
 
@@ -47,9 +52,7 @@ class OpenVinoBackend(Runtime):
         ov = _ov()
         core = ov.Core()
         device = placement.device
-        # AUTO, HETERO and MULTI are virtual devices that pick among the real ones.
-        real = [d for d in re.split(r"[:,]", device) if d not in ("AUTO", "HETERO", "MULTI")]
-        missing = [d for d in real if d.split(".")[0] not in core.available_devices]
+        missing = missing_devices(device, core.available_devices)
         if missing:
             raise DeviceUnavailableError(
                 f"openvino: device {', '.join(missing)} not present "
@@ -58,22 +61,29 @@ class OpenVinoBackend(Runtime):
         if self.settings.cache_dir is not None:
             # Compiling from a path with CACHE_DIR set lets a second start import the
             # compiled blob instead of reading and compiling the model again.
-            core.set_property({"CACHE_DIR": str(self.settings.cache_dir / "openvino")})
+            cache = self.settings.cache_dir / "openvino"
+            try:
+                core.set_property({"CACHE_DIR": str(cache)})
+            except RuntimeError as exc:
+                # A cache is an optimisation: a read-only or misplaced one costs start-up
+                # time, not the model.
+                log.warning("openvino: not caching compiled models in %s: %s", cache, _message(exc))
         if not model_file.is_file():
             raise ModelFileError(f"openvino cannot load {model_file}: no such file")
         try:
-            self._compiled = core.compile_model(
-                str(model_file), device, self._config(device, placement)
-            )
+            compiled = core.compile_model(str(model_file), device, self._config(device, placement))
         except RuntimeError as exc:
             raise _translate(exc, model_file) from exc
-        self._request = self._compiled.create_infer_request()
-        self._lock = threading.Lock()
-        self._outputs = [(port, port.get_any_name()) for port in self._compiled.outputs]
-        return ModelSignature(
-            inputs=tuple(_spec(p, "input") for p in self._compiled.inputs),
-            outputs=tuple(_spec(p, "output") for p in self._compiled.outputs),
+        inputs, outputs = _port_names(core, model_file, compiled)
+        signature = ModelSignature(
+            inputs=tuple(_spec(p, "input", n, model_file) for p, n in inputs),
+            outputs=tuple(_spec(p, "output", n, model_file) for p, n in outputs),
         )
+        self._compiled = compiled
+        self._request = compiled.create_infer_request()
+        self._lock = threading.Lock()
+        self._outputs = outputs
+        return signature
 
     def _config(self, device: str, placement: Placement) -> dict[str, Any]:
         s = self.settings
@@ -113,17 +123,101 @@ class OpenVinoBackend(Runtime):
         self._compiled = None
 
 
-def _spec(port: Any, role: str) -> TensorSpec:
+def missing_devices(device: str, available: Collection[str]) -> list[str]:
+    """The devices named in an OpenVINO device string that ``available`` (OpenVINO's
+    ``available_devices``) lacks and the placement cannot do without; empty if it can run.
+
+    ``AUTO`` and ``MULTI`` need one of their devices (``AUTO:NPU,CPU`` runs on a machine
+    without an NPU), ``HETERO`` and a plain device need all. A device counts as present
+    when OpenVINO lists it or numbers it (``GPU`` is present as ``GPU.0`` and ``GPU.1``)."""
+    virtual, _, listed = device.partition(":")
+    if virtual not in VIRTUAL_DEVICES:
+        return [] if _present(device, available) else [device]
+    # AUTO:GPU,-CPU excludes CPU; MULTI:GPU(4) gives GPU four requests.
+    names = [d.split("(")[0].strip() for d in listed.split(",")]
+    names = [d for d in names if d and not d.startswith("-")]
+    missing = [d for d in names if not _present(d, available)]
+    if virtual != "HETERO" and len(missing) < len(names):
+        return []
+    return missing
+
+
+def _present(device: str, available: Collection[str]) -> bool:
+    base, _, index = device.partition(".")
+    # OpenVINO lists one GPU as GPU and several as GPU.0, GPU.1; GPU.0 names the one too.
+    return any(
+        a == device or a.startswith(device + ".") or (index == "0" and a == base) for a in available
+    )
+
+
+_Ports = list[tuple[Any, str]]
+
+
+def _port_names(core: Any, model_file: Path, compiled: Any) -> tuple[_Ports, _Ports]:
+    """Each input and output port with its name as the model file declares it.
+
+    A compiled port can carry several tensor names: where OpenVINO removed an ``Identity``,
+    the graph output ``scores`` and the internal tensor ``a_hidden`` it copied are one port,
+    and ``get_any_name()`` gives the alphabetically first. The model's own names are then
+    read: the ONNX graph's (without its weights), or those of the model as OpenVINO reads
+    it (IR, TFLite). Ports with one name, the usual case, cost nothing."""
+    inputs, outputs = list(compiled.inputs), list(compiled.outputs)
+    declared: tuple[list[str], list[str]] = ([], [])
+    if any(len(p.get_names()) > 1 for p in inputs + outputs):
+        declared = _declared_names(core, model_file)
+    return (
+        list(zip(inputs, _choose(inputs, declared[0]), strict=True)),
+        list(zip(outputs, _choose(outputs, declared[1]), strict=True)),
+    )
+
+
+def _declared_names(core: Any, model_file: Path) -> tuple[list[str], list[str]]:
+    if model_file.suffix == ".onnx":
+        import onnx
+
+        graph = onnx.load(str(model_file), load_external_data=False).graph
+        weights = {t.name for t in graph.initializer}
+        inputs = [i.name for i in graph.input if i.name not in weights]
+        return inputs, [o.name for o in graph.output]
+    model = core.read_model(str(model_file))
+    return (
+        [min(p.get_names(), default="") for p in model.inputs],
+        [min(p.get_names(), default="") for p in model.outputs],
+    )
+
+
+def _choose(ports: list[Any], declared: list[str]) -> list[str]:
+    chosen = []
+    for i, port in enumerate(ports):
+        names = port.get_names()
+        # Ports keep the model's order; the search covers one that did not.
+        if i < len(declared) and declared[i] in names:
+            chosen.append(declared[i])
+        else:
+            # min(): with no declared name to go by, the same choice on every load.
+            chosen.append(next((n for n in declared if n in names), min(names)))
+    return chosen
+
+
+def _spec(port: Any, role: str, name: str, model_file: Path) -> TensorSpec:
     shape = tuple(DYNAMIC if d.is_dynamic else d.get_length() for d in port.get_partial_shape())
     type_name = port.get_element_type().get_type_name()
     try:
         datatype = from_openvino(type_name)
     except KeyError:  # u4, f8e4m3, nf4...: no V2 datatype
         raise UnsupportedModelError(
-            f"openvino: {role} {port.get_any_name()!r} has element type {type_name}, which "
-            "has no V2 datatype"
+            f"openvino: {role} {name!r} has element type {type_name}, which has no V2 datatype"
         ) from None
-    return TensorSpec(name=port.get_any_name(), datatype=datatype, shape=shape)
+    if datatype == "BYTES":
+        # NOTE: OpenVINO refuses the object arrays of bytes that BYTES tensors are decoded
+        # into, and a process that ran one string inference aborts at exit
+        # (munmap_chunk(): invalid pointer; openvino 2026.4). Refused at load, placement
+        # can choose another runtime for the model.
+        raise UnsupportedModelError(
+            f"openvino cannot load {model_file.name}: {role} {name!r} holds strings (BYTES), "
+            "which the openvino backend does not support"
+        )
+    return TensorSpec(name=name, datatype=datatype, shape=shape)
 
 
 def _message(exc: Exception) -> str:

@@ -41,11 +41,12 @@ class MachineFacts:
     def accelerators(self) -> dict[str, list[str]]:
         """Known accelerator device nodes found, by kind, as absolute device paths."""
         found: dict[str, list[str]] = {}
-        prefix = len(str(self.root).rstrip("/"))
+        # The real root "/" is the empty prefix: "/" + "/dev/..." would report //dev/...
+        root = str(self.root).rstrip("/")
         for kind, pattern in ACCELERATOR_NODES.items():
-            paths = sorted(glob.glob(str(self.root) + pattern))
+            paths = sorted(glob.glob(root + pattern))
             if paths:
-                found[kind] = [p[prefix:] for p in paths]
+                found[kind] = [p[len(root) :] for p in paths]
         coral = sorted(self.usb_ids & set(CORAL_USB_IDS))
         if coral:
             found["Google Coral USB EdgeTPU"] = [f"usb:{i}" for i in coral]

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from runtimes.base import Placement, RuntimeName
 from runtimes.errors import ProfileError, validation_message
@@ -55,6 +56,14 @@ class Candidate(BaseModel):
             raise ValueError("delegate applies to litert only")
         if self.runtime == "onnxruntime" and not self.providers:
             raise ValueError("an onnxruntime candidate lists its execution providers")
+        for provider in self.provider_options:
+            # Options for a provider the candidate does not use are a typo in one or the other.
+            if provider not in self.providers:
+                raise _field_error(
+                    ("provider_options", provider),
+                    f"{provider} is not in providers ({', '.join(self.providers)})",
+                    self.provider_options[provider],
+                )
         return self
 
     def describe(self) -> str:
@@ -91,9 +100,13 @@ class HardwareProfile(BaseModel):
         from runtimes.backends import BACKENDS
 
         for fmt, candidates in self.preferences.items():
-            for c in candidates:
+            for i, c in enumerate(candidates):
                 if fmt not in BACKENDS[c.runtime].formats:
-                    raise ValueError(f"{c.runtime} cannot run {fmt.value} models")
+                    raise _field_error(
+                        ("preferences", fmt.value, i, "runtime"),
+                        f"{c.runtime} cannot run {fmt.value} models",
+                        c.runtime,
+                    )
         return self
 
     def memory_budget_bytes(self, memory_total_bytes: int | None) -> int | None:
@@ -103,6 +116,16 @@ class HardwareProfile(BaseModel):
         if memory_total_bytes:
             limits.append(int(memory_total_bytes * self.memory_budget_fraction))
         return min(limits) if limits else None
+
+
+def _field_error(loc: tuple[str | int, ...], message: str, value: Any) -> ValidationError:
+    """A validation error at ``loc`` within the model being validated, for checks that span
+    fields; pydantic prefixes where that model sits (``preferences.onnx.0``), so a
+    :class:`ProfileError` names the field as it does for a wrong type."""
+    error = PydanticCustomError("profile_field", "{message}", {"message": message})
+    return ValidationError.from_exception_data(
+        "HardwareProfile", [InitErrorDetails(type=error, loc=loc, input=value)]
+    )
 
 
 def load_profile(path: Path) -> HardwareProfile:

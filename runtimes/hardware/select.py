@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
+from runtimes.backends.openvino_backend import missing_devices
 from runtimes.base import Placement, RuntimeName
 from runtimes.errors import NoPlacementError
 from runtimes.formats import ModelFormat
@@ -65,9 +66,13 @@ def check_candidate(
             )
         return candidate.placement(providers=usable)
     if candidate.runtime == "openvino":
-        base = candidate.device.split(":")[0].split(".")[0]
-        if base not in ("AUTO", "HETERO", "MULTI") and base not in info.devices:
-            return f"OpenVINO reports no {base} device (it has {', '.join(sorted(info.devices))})"
+        # The backend checks again with the same rule when it loads the model.
+        missing = missing_devices(candidate.device, info.devices)
+        if missing:
+            return (
+                f"OpenVINO reports no {' or '.join(missing)} device "
+                f"(it has {', '.join(sorted(info.devices))})"
+            )
         return candidate.placement()
     if candidate.delegate and candidate.delegate not in inventory.delegate_libraries:
         return f"delegate library {candidate.delegate} does not load"

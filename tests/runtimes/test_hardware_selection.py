@@ -15,6 +15,7 @@ import pytest
 from runtimes.errors import NoPlacementError, ProfileError
 from runtimes.formats import ModelFormat
 from runtimes.hardware.context import HardwareContext
+from runtimes.hardware.probe import ACCELERATOR_NODES, probe_machine
 from runtimes.hardware.profile import default_profiles_dir, load_profiles
 from runtimes.hardware.select import Pin
 from tests.runtimes.fake_machines import MACHINES, inventory
@@ -164,6 +165,49 @@ def test_openvino_that_reports_no_npu_is_skipped_with_fake_inventory(tmp_path: P
     assert str(plan.skipped[0]) == "openvino NPU: OpenVINO reports no NPU device (it has CPU, GPU)"
 
 
+def test_numbered_gpus_count_as_the_gpu_with_fake_inventory(tmp_path: Path) -> None:
+    """OpenVINO lists GPU.0 and GPU.1 when there are two (an iGPU and an Arc card)."""
+    ctx = _context(
+        tmp_path, "intel-core-ultra", inventory(openvino=frozenset({"CPU", "GPU.0", "GPU.1"}))
+    )
+    plan = ctx.plan("m", IR)
+    assert (plan.placement.runtime, plan.placement.device) == ("openvino", "GPU")
+    assert [str(s) for s in plan.skipped] == [
+        "openvino NPU: OpenVINO reports no NPU device (it has CPU, GPU.0, GPU.1)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("device", "devices", "missing"),
+    [
+        ("GPU", {"CPU", "GPU.0", "GPU.1"}, None),
+        ("GPU.1", {"CPU", "GPU.0", "GPU.1"}, None),
+        ("GPU.2", {"CPU", "GPU.0", "GPU.1"}, "GPU.2"),
+        ("GPU.0", {"CPU", "GPU"}, None),
+        ("GPU.1", {"CPU", "GPU"}, "GPU.1"),
+        ("NPU", {"CPU", "GPU"}, "NPU"),
+        ("AUTO", {"CPU"}, None),
+        ("AUTO:NPU,CPU", {"CPU"}, None),
+        ("AUTO:GPU,-CPU", {"CPU", "GPU.0"}, None),
+        ("MULTI:GPU,CPU", {"CPU"}, None),
+        ("AUTO:NPU,GPU", {"CPU"}, "NPU or GPU"),
+        ("HETERO:NPU,CPU", {"CPU"}, "NPU"),
+        ("HETERO:GPU,CPU", {"CPU", "GPU.0"}, None),
+    ],
+)
+def test_openvino_device_strings_against_reported_devices_with_fake_inventory(
+    device: str, devices: set[str], missing: str | None, tmp_path: Path
+) -> None:
+    """AUTO and MULTI need one of their devices, HETERO and a plain device all of theirs."""
+    ctx = _context(tmp_path, "generic-x86_64", inventory(openvino=frozenset(devices)))
+    pin = Pin(runtime="openvino", device=device)
+    if missing is None:
+        assert ctx.plan("m", IR, pin).placement.device == device
+    else:
+        with pytest.raises(NoPlacementError, match=f"OpenVINO reports no {missing} device"):
+            ctx.plan("m", IR, pin)
+
+
 def test_jetson_with_cpu_only_onnxruntime_falls_back_to_cpu_with_fake_inventory(
     tmp_path: Path,
 ) -> None:
@@ -266,6 +310,14 @@ def test_memory_budget_is_the_smaller_of_fraction_and_cap(tmp_path: Path) -> Non
     assert ctx.memory_budget_bytes == 8 * 2**30 // 2  # 0.5 of 8 GiB
     capped = ctx.profile.model_copy(update={"memory_budget_mb": 1024})
     assert capped.memory_budget_bytes(8 * 2**30) == 2**30
+
+
+def test_accelerators_under_the_real_root_are_absolute_paths(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # /dev/null stands in for an accelerator node: every Linux machine has one.
+    monkeypatch.setitem(ACCELERATOR_NODES, "stand-in", "/dev/nul[l]")
+    assert probe_machine(Path("/")).accelerators()["stand-in"] == ["/dev/null"]
 
 
 def test_this_machine_is_detected_for_real() -> None:

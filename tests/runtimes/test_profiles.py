@@ -71,8 +71,23 @@ def test_good_profile_loads(tmp_path: Path) -> None:
                 'runtime = "onnxruntime"\nproviders = ["CPUExecutionProvider"]',
                 'runtime = "litert"',
             ),
-            "(top level)",
+            "preferences.onnx.0.runtime",
             "litert cannot run onnx",
+        ),
+        (
+            GOOD + '[[preferences.tflite]]\nruntime = "litert"\n'
+            '[[preferences.tflite]]\nruntime = "onnxruntime"\nproviders = ["CPUExecutionProvider"]\n',
+            "preferences.tflite.1.runtime",
+            "onnxruntime cannot run tflite models",
+        ),
+        (
+            GOOD.replace(
+                'providers = ["CPUExecutionProvider"]',
+                'providers = ["CUDAExecutionProvidr", "CPUExecutionProvider"]\n'
+                'provider_options.CUDAExecutionProvider = { device_id = "0" }',
+            ),
+            "preferences.onnx.0.provider_options.CUDAExecutionProvider",
+            "CUDAExecutionProvider is not in providers (CUDAExecutionProvidr, CPUExecutionProvider)",
         ),
         (GOOD.replace('name = "board"', 'name = "Bad Name"'), "name", "should match pattern"),
         (
