@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,6 +14,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agent.fleet.state import write_atomically
 from control_plane.db.models import ApiToken
 
 
@@ -75,8 +75,7 @@ async def bootstrap_admin(sessions: async_sessionmaker[AsyncSession], path: Path
         if await has_tokens(s):
             return False
         token = await create_token(s, "bootstrap-admin", Role.ADMIN)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(token + "\n")
+    # A new file (mode 0600) renamed over the path: an existing file keeps its mode when
+    # truncated, and whoever opened it while it was readable would read the new token.
+    write_atomically(path, (token + "\n").encode())
     return True

@@ -13,7 +13,7 @@ from control_plane.api.deps import Services
 from control_plane.bus import FleetBus
 from control_plane.db.session import make_engine, migrate, session_factory
 from control_plane.ingest import Ingestor
-from control_plane.keys import KeyRing, load_or_create_key
+from control_plane.keys import KeyRing, load_key, load_or_create_key
 from control_plane.metrics import FleetMetrics
 from control_plane.presence import SilenceRule
 from control_plane.registry import ArtifactStore
@@ -30,10 +30,14 @@ def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
     sessions = session_factory(engine)
     keys_dir = settings.state_dir / "keys"
     manifest_path = settings.signing_key_file or keys_dir / "manifest.pem"
+    root_path = settings.root_key_file or keys_dir / "root.pem"
+    # The root key is never created here: it may be kept offline (None). TrustManager.ensure
+    # creates it on the very first start only, when there is no trust root yet.
     keys = KeyRing(
         load_or_create_key(manifest_path),
-        load_or_create_key(settings.root_key_file or keys_dir / "root.pem"),
+        load_key(root_path),
         manifest_path,
+        root_key_path=root_path,
     )
     metrics = FleetMetrics(
         SilenceRule(settings.presence_timeout_s, settings.last_seen_resolution_s)

@@ -57,10 +57,14 @@ class ControlPlaneSettings(BaseSettings):
     """Signing keys, the bootstrap admin token, scratch space."""
     artifact_dir: Path = Path("var/control-plane/artifacts")
     signing_key_file: Path | None = None
-    """Ed25519 PEM that signs manifests (default state_dir/keys/manifest.pem, created if absent)."""
+    """Ed25519 PEM that signs manifests (default state_dir/keys/manifest.pem, created if absent).
+    A rotation keeps the key it replaces beside it as ``manifest-<key id>.pem``; start-up refuses
+    a key the trust root does not list, unless such an archived key is listed (signs with that)."""
     root_key_file: Path | None = None
-    """Ed25519 PEM that signs trust root updates (default state_dir/keys/root.pem). Keep offline
-    in production; the control plane only needs it for key rotation."""
+    """Ed25519 PEM that signs trust root updates (default state_dir/keys/root.pem), created on
+    the very first start only. Keep it offline in production: it is read at start-up if present,
+    else when ``keys rotate`` or ``keys revoke`` needs it (put it back for those, no restart). A
+    key that is not a root key of the current trust root stops start-up and is refused."""
     max_upload_bytes: int = Field(default=4 * 2**30, gt=0)
     manifest_ttl_s: float = Field(default=30 * 24 * 3600, gt=0)
     """How long a signed manifest stays valid on devices."""
