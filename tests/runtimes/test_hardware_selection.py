@@ -68,10 +68,11 @@ EXPECTED = {
         },
     ),
     "raspberry-pi-5": (
-        inventory(openvino=None),
+        inventory(),
         {
             TFLITE: ("litert", "CPU", (), None),
             ONNX: ("onnxruntime", "CPU", ("CPUExecutionProvider",), None),
+            IR: ("openvino", "CPU", (), None),
         },
     ),
     "google-coral": (
@@ -261,10 +262,29 @@ def test_no_candidate_fits_names_everything_tried_with_fake_inventory(tmp_path: 
         ctx.plan("detector", TFLITE)
     assert str(info.value) == (
         "no runtime of profile raspberry-pi-5 can run model 'detector' (tflite): "
-        "litert CPU: litert is not installed"
+        "litert EdgeTPU: litert is not installed; litert CPU: litert is not installed"
     )
-    with pytest.raises(NoPlacementError, match="lists no candidate for openvino_ir"):
+    with pytest.raises(NoPlacementError, match="openvino CPU: openvino is not installed"):
         ctx.plan("detector", IR)
+
+
+def test_raspberry_pi_5_with_a_coral_usb_accelerator_uses_the_edgetpu_with_fake_inventory(
+    tmp_path: Path,
+) -> None:
+    """The Pi 5's profile outranks google-coral's, so it names the EdgeTPU itself."""
+    from tests.runtimes.fake_machines import FakeMachine
+
+    pi = MACHINES["raspberry-pi-5"]
+    root = FakeMachine(
+        pi.architecture, pi.cpu_model, device_tree_model=pi.device_tree_model, usb=("1a6e:089a",)
+    ).build(tmp_path / "pi-coral")
+    ctx = HardwareContext.detect(
+        root=root, inventory=inventory(delegates=frozenset({"libedgetpu.so.1"}))
+    )
+    assert ctx.profile.name == "raspberry-pi-5"
+    placement = ctx.plan("m", TFLITE).placement
+    assert (placement.device, placement.delegate) == ("EdgeTPU", "libedgetpu.so.1")
+    assert ctx.plan("m", IR).placement.describe() == "openvino CPU"
 
 
 def test_pin_chooses_the_runtime_and_keeps_profile_options_with_fake_inventory(
