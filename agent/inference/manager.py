@@ -12,6 +12,7 @@ the start-up load goes on to the next model.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -41,8 +42,8 @@ from agent.inference.versions import (
 )
 from agent.model_config import ModelConfig, ModelConfigError, load_model_config, version_dirs
 from runtimes.backends import open_model
-from runtimes.base import Runtime
-from runtimes.errors import RuntimeFailure
+from runtimes.base import Placement, Runtime
+from runtimes.errors import DeviceUnavailableError, RuntimeFailure, UnsupportedModelError
 from runtimes.formats import find_model_file
 from runtimes.hardware.context import HardwareContext
 from runtimes.settings import RuntimeSettings
@@ -230,10 +231,10 @@ class ModelManager:
             started = time.monotonic()
             settings = self.runtime_settings
 
-            def load() -> tuple[list[Runtime], int, bool]:
+            def load(placement: Placement) -> tuple[list[Runtime], int, bool]:
                 runtimes, rss_added = open_instances(
                     model_file,
-                    plan.placement,
+                    placement,
                     settings,
                     config,
                     self.cpu_count,
@@ -254,10 +255,32 @@ class ModelManager:
                     )
                 return runtimes, rss_added, batched and problem is None
 
-            # loaded at the inference threads' priority: a backend's own threads inherit it
-            runtimes, rss_added, batched = await run_lowered(
-                settings.compute_nice_offset, f"load:{name}", load
-            )
+            failed: dict[str, str] = {}
+            while True:
+                try:
+                    # at the inference threads' priority: a backend's own threads inherit it
+                    runtimes, rss_added, batched = await run_lowered(
+                        settings.compute_nice_offset,
+                        f"load:{name}",
+                        functools.partial(load, plan.placement),
+                    )
+                    break
+                except (DeviceUnavailableError, UnsupportedModelError) as exc:
+                    if plan.pinned:  # a pin is the user's choice: no fallback
+                        raise
+                    # The device is gone or refuses this model (an NPU compiler and a dynamic
+                    # shape, a delegate that does not load): the profile's next candidate.
+                    failed[plan.placement.describe()] = str(exc)
+                    log.warning(
+                        "placement failed to load: trying the next candidate",
+                        extra={
+                            "model": entry.name,
+                            "version": version,
+                            "placement": plan.placement.describe(),
+                            "reason": str(exc),
+                        },
+                    )
+                    plan = self.hardware.plan(entry.name, fmt, config.placement, failed)
             load_s = time.monotonic() - started
         except Exception as exc:
             # Whatever went wrong, the version must not stay LOADING: it is UNAVAILABLE with

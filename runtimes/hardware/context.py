@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,8 +58,15 @@ class HardwareContext:
             raise ProfileError(f"no hardware profile named {profile!r} (known: {sorted(by_name)})")
         return cls(by_name[profile], facts, inventory, forced=True)
 
-    def plan(self, model: str, fmt: ModelFormat, pin: Pin | None = None) -> Plan:
-        return plan_model(model, fmt, self.profile, self.facts, self.inventory, pin)
+    def plan(
+        self,
+        model: str,
+        fmt: ModelFormat,
+        pin: Pin | None = None,
+        failed: Mapping[str, str] | None = None,
+    ) -> Plan:
+        """Where ``model`` runs (:func:`~runtimes.hardware.select.plan_model`)."""
+        return plan_model(model, fmt, self.profile, self.facts, self.inventory, pin, failed)
 
     @property
     def memory_budget_bytes(self) -> int | None:

@@ -3,6 +3,7 @@ reason every earlier candidate was skipped."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
@@ -86,8 +87,11 @@ def plan_model(
     facts: MachineFacts,
     inventory: RuntimeInventory,
     pin: Pin | None = None,
+    failed: Mapping[str, str] | None = None,
 ) -> Plan:
-    """Choose where ``model`` runs.
+    """Choose where ``model`` runs. ``failed`` maps placements already tried (as
+    :meth:`Placement.describe` gives them) to why they did not load: they are skipped for that
+    reason, and the next candidate is chosen.
 
     Raises:
         NoPlacementError: nothing fits, or the pinned placement cannot be used; the message
@@ -105,6 +109,8 @@ def plan_model(
     skipped: list[Skipped] = []
     for candidate in profile.preferences.get(fmt, ()):
         result = check_candidate(candidate, fmt, facts, inventory)
+        if isinstance(result, Placement) and failed and result.describe() in failed:
+            result = f"failed to load: {failed[result.describe()]}"
         if isinstance(result, Placement):
             return Plan(model, fmt, result, tuple(skipped))
         skipped.append(Skipped(candidate.describe(), result))
