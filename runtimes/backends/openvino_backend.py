@@ -88,17 +88,23 @@ class OpenVinoBackend(Runtime):
     def _config(self, device: str, placement: Placement) -> dict[str, Any]:
         s = self.settings
         config: dict[str, Any] = {"PERFORMANCE_HINT": s.openvino_performance_hint}
+        cpu: dict[str, Any] = {}
+        if s.openvino_cpu_precision is not None:
+            cpu["INFERENCE_PRECISION_HINT"] = s.openvino_cpu_precision
+        if s.intra_op_threads:
+            cpu["INFERENCE_NUM_THREADS"] = s.intra_op_threads
+            # A thread count set here means other compiled models share this process's
+            # cores (the agent's instances of a model split them). Pinned, OpenVINO ran them all
+            # on the same core: three instances of cnn served 120 rows/s on 1.0 of two
+            # cores, 238 on 1.95 unpinned (2026-12-04, AMD EPYC, f32). The kernel places
+            # them; a profile's options may still pin.
+            cpu["ENABLE_CPU_PINNING"] = False
         if device == "CPU":
-            if s.openvino_cpu_precision is not None:
-                config["INFERENCE_PRECISION_HINT"] = s.openvino_cpu_precision
-            if s.intra_op_threads:
-                config["INFERENCE_NUM_THREADS"] = s.intra_op_threads
-                # A thread count set here means other compiled models share this process's
-                # cores (the agent's instances of a model split them). Pinned, OpenVINO ran them all
-                # on the same core: three instances of cnn served 120 rows/s on 1.0 of two
-                # cores, 238 on 1.95 unpinned (2026-12-04, AMD EPYC, f32). The kernel places
-                # them; a profile's options may still pin.
-                config["ENABLE_CPU_PINNING"] = False
+            config.update(cpu)
+        elif cpu and _may_run_on_cpu(device):
+            # AUTO, MULTI and HETERO pass per-device settings down: without them the CPU
+            # under AUTO:NPU,CPU computed in bf16 (outputs off by 0.05 on a 64-wide MatMul).
+            config["DEVICE_PROPERTIES"] = {"CPU": cpu}
         config.update(placement.options)
         return config
 
@@ -140,6 +146,18 @@ def missing_devices(device: str, available: Collection[str]) -> list[str]:
     if virtual != "HETERO" and len(missing) < len(names):
         return []
     return missing
+
+
+def _may_run_on_cpu(device: str) -> bool:
+    """Whether a virtual device string may place work on the CPU (``AUTO`` alone may, and
+    ``AUTO:GPU,-CPU`` may not)."""
+    virtual, _, listed = device.partition(":")
+    if virtual not in VIRTUAL_DEVICES:
+        return False
+    names = [d.split("(")[0].strip() for d in listed.split(",") if d.strip()]
+    if "-CPU" in names:
+        return False
+    return not listed or "CPU" in names
 
 
 def _present(device: str, available: Collection[str]) -> bool:
