@@ -484,8 +484,9 @@ class Ingestor:
         devices: list[tuple[Any, ...]] = []
         events: list[UpdateEvent] = []
         statuses: list[DeviceStatus] = []
-        # last_seen is the control plane's time, not the message's: presence must not depend
-        # on the device's clock, and a backlog a device drains was heard now
+        # last_seen and the windows' received_at are the control plane's time, not the
+        # message's: presence and the health gates must not depend on the device's clock, and
+        # a backlog a device drains was heard now
         now = datetime.now(UTC)
         seen: dict[str, datetime] = {}
         for kind, message, _ in batch:
@@ -500,6 +501,9 @@ class Ingestor:
             seen[device_row[DEVICE_ID]] = now
             devices.append(device_row)
             samples.extend(sample_rows)
+        # in the driver's form once per batch, like the rows' times once per message
+        received = (now if self._driver_time is None else self._driver_time(now),)
+        stored = [row + received for row in samples]
         came_online: list[str] = []
         started = time.perf_counter()
         async with self.sessions.begin() as session:
@@ -510,7 +514,7 @@ class Ingestor:
                 session, DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS, devices, prepared=ready
             )
             await insert_rows(
-                session, TelemetrySample.__table__, SAMPLE_COLUMNS, samples, prepared=ready
+                session, TelemetrySample.__table__, STORED_SAMPLE_COLUMNS, stored, prepared=ready
             )
             await insert_ignore(
                 session, UpdateEventRecord.__table__, [event_row(e) for e in events]
@@ -635,11 +639,14 @@ SAMPLE_COLUMNS = (
     "p99_ms",
     "queue_depth",
 )
+STORED_SAMPLE_COLUMNS = (*SAMPLE_COLUMNS, "received_at")
+"""The telemetry rows as written: a message's (SAMPLE_COLUMNS), then when its batch is written."""
 DEVICE_ID = DEVICE_SAMPLE_COLUMNS.index("device_id")
 PREPARED = frozenset(
-    {"time", "cpu_percent", "temperature_c", "window_s", "p50_ms", "p95_ms", "p99_ms"}
+    {"time", "received_at"}  # times
+    | {"cpu_percent", "temperature_c", "window_s", "p50_ms", "p95_ms", "p99_ms"}  # floats
 )
-"""Columns of the telemetry rows that hold what the driver takes already: the time (put in its
+"""Columns of the telemetry rows that hold what the driver takes already: the times (put in its
 form by :func:`driver_time`) and the floats (floats, validated as such by the message's model;
 SQLite's processor would only call ``float`` on them). With these, no value of a telemetry row
 is processed again: the rows go to the driver as they are."""

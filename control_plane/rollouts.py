@@ -706,7 +706,10 @@ class RolloutEngine:
     ) -> tuple[str | None, dict[str, Any]]:
         ids = [d.device_id for d in touched if d.state == "committed"]
         # every window of the new version on touched devices counts: it only runs there since
-        # they switched, whatever the bake window says
+        # they switched, whatever the bake window says. Windows are chosen by when the control
+        # plane received them, not by their time: a device's clock behind by more than the
+        # rollout's age dates them before it, one ahead dates them past now (or an earlier,
+        # rolled-back rollout's inside it), and the gates would judge the wrong windows.
         since = _utc(rollout.created_at)
         new = await _window(session, rollout.model, rollout.version, ids, since, now)
         report: dict[str, Any] = {
@@ -729,6 +732,7 @@ class RolloutEngine:
             )
         previous = {d.previous_version for d in touched if d.previous_version is not None}
         if previous and new["p99_ms"]:
+            # the previous version's windows received in the BASELINE before the rollout
             created = _utc(rollout.created_at)
             base = await _window(
                 session, rollout.model, previous.pop(), ids, created - BASELINE, created
@@ -867,7 +871,8 @@ async def _window(
     since: datetime,
     until: datetime,
 ) -> dict[str, Any]:
-    """Requests, errors and request-weighted p99 of a model version on some devices."""
+    """Requests, errors and request-weighted p99 of a model version on some devices, over the
+    windows the control plane received from ``since`` to ``until`` (its own clock)."""
     if not device_ids:
         return {"requests": 0, "errors": 0, "p99_ms": None}
     t = TelemetrySample
@@ -886,8 +891,8 @@ async def _window(
                     t.model == model,
                     t.version == version,
                     t.device_id.in_(device_ids[start : start + CHUNK]),
-                    t.time >= since,
-                    t.time <= until,
+                    t.received_at >= since,
+                    t.received_at <= until,
                 )
             )
         ).one()

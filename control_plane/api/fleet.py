@@ -260,17 +260,23 @@ def windows(
     rollout: Rollout | None = None,
 ) -> Select[TelemetrySample]:
     """Telemetry windows since ``since``, newest first, of one device, model (version) or
-    rollout's model version on its devices."""
+    rollout's model version on its devices. Those of a model version (or rollout) are the ones
+    the control plane received since then, newest received first, as the health gates count
+    them; the others, those whose own time (the device's clock) is since then."""
     t = TelemetrySample
-    query = select(t).where(t.time >= since)
+    # a model version's windows come from its range of the (model, version, received_at) index,
+    # which gives the order too; there is no index by received time alone
+    by_version = rollout is not None or (bool(model) and version is not None)
+    when = t.received_at if by_version else t.time
+    query = select(t).where(when >= since)
     if device_id:
-        # a range of the time index, the device read from its entries (there is no index by
+        # a range of an index by time, the device read from its entries (there is no index by
         # device: see TelemetrySample)
         query = query.where(t.device_id == device_id)
     if model:
-        # with its version, the (model, version, time) index bounds the time too; without,
-        # it would read the model's windows of all time, so the model is compared as an
-        # expression SQLite does not look up in an index, and the time index is used
+        # without its version, the (model, version, received_at) index would give the model's
+        # windows of all time, so the model is compared as an expression SQLite does not look
+        # up in an index, and the time index is used
         by_model: Any = t.model if version is not None else t.model.concat("")
         query = query.where(by_model == model)
     if version is not None:
@@ -283,7 +289,7 @@ def windows(
                 select(RolloutDevice.device_id).where(RolloutDevice.rollout_id == rollout.id)
             ),
         )
-    return query.order_by(t.time.desc())
+    return query.order_by(when.desc())
 
 
 @router.get("/telemetry", summary="Telemetry windows, per device, model (version) or rollout")
@@ -307,6 +313,7 @@ async def telemetry(
                 "device_id": r.device_id,
                 "seq": r.seq,
                 "time": r.time.isoformat(),
+                "received_at": r.received_at.isoformat(),
                 "window_s": r.window_s,
                 "model": r.model,
                 "version": r.version,

@@ -164,20 +164,24 @@ class TelemetrySample(Base):
     each written whole to SQLite's log, and at 5,000 devices that cost a quarter of ingest's
     CPU per message, growing with the table (a device's last hour is a scan of the fleet's last
     hour of index entries instead: about 0.1 s for 5,000 devices at one message each per
-    10 s). The health gates read by (model, version, time)."""
+    10 s). The health gates read by (model, version, received_at): a device's clock may be
+    off by days, the control plane's is the rollout's."""
 
     __tablename__ = "telemetry"
     __table_args__ = (
         UniqueConstraint(
             "time", "device_id", "seq", "model", "version", name="uq_telemetry_message"
         ),
-        Index("ix_telemetry_model_time", "model", "version", "time"),
+        Index("ix_telemetry_model_received", "model", "version", "received_at"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     device_id: Mapped[str] = mapped_column(String(128))
     seq: Mapped[int] = mapped_column(BigInteger)
     time: Mapped[datetime]
+    """When the window ended, by the device's clock."""
+    received_at: Mapped[datetime]
+    """When the control plane stored the window, by its own clock (the batch's write)."""
     window_s: Mapped[float] = mapped_column(Float)
     model: Mapped[str] = mapped_column(String(128))
     version: Mapped[int] = mapped_column(Integer)

@@ -20,6 +20,7 @@ from control_plane.ingest import (
     DEVICE_SAMPLE_COLUMNS,
     PREPARED,
     SAMPLE_COLUMNS,
+    STORED_SAMPLE_COLUMNS,
     Ingestor,
     _processors,
     _raw_insert,
@@ -71,6 +72,7 @@ def test_telemetry_rows_are_stored_in_utc_once_and_counted(tmp_path: Path) -> No
     url = f"sqlite+aiosqlite:///{tmp_path / 'cp.db'}"
     migrate(url)
     metrics = FleetMetrics()
+    received = [datetime.min, datetime.max]  # around the first batch's write
 
     async def run() -> tuple[list[DeviceSample], list[TelemetrySample], str]:
         engine = make_engine(url)
@@ -78,7 +80,9 @@ def test_telemetry_rows_are_stored_in_utc_once_and_counted(tmp_path: Path) -> No
         ingest = Ingestor(sessions, metrics, batch_size=100, max_delay_s=0.01)
         ingest.telemetry("dev-1", telemetry(1, "2026-12-03T09:00:00.250000+02:00", 10))
         ingest.telemetry("dev-1", telemetry(2, "2026-12-03T07:00:10Z", 20))
+        received[0] = datetime.now(UTC)
         await ingest.drain()
+        received[1] = datetime.now(UTC)
         exported = metrics.render().decode()
         # a redelivery: stored once
         ingest.telemetry("dev-1", telemetry(1, "2026-12-03T09:00:00.250000+02:00", 10))
@@ -100,6 +104,10 @@ def test_telemetry_rows_are_stored_in_utc_once_and_counted(tmp_path: Path) -> No
         (2, "mlp", 2, 20, 3.5),
     ]
     assert samples[0].time.replace(tzinfo=UTC) == first
+    # when the control plane wrote them, by its clock, not the devices': the redelivery,
+    # refused, left the first one's
+    for sample in samples:
+        assert received[0] <= sample.received_at.replace(tzinfo=UTC) <= received[1]
     assert 'edgefleet_fleet_requests_total{model="mlp",version="2"} 30.0' in exported
     assert 'edgefleet_fleet_errors_total{model="mlp",version="2"} 2.0' in exported
 
@@ -118,8 +126,8 @@ def test_telemetry_rows_go_to_the_driver_as_they_are(dialect: Dialect) -> None:
         (DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS, ("d", 1, at, 1.5, 10, None, 0)),
         (
             TelemetrySample.__table__,
-            SAMPLE_COLUMNS,
-            ("d", 1, at, 10.0, "mlp", 2, 5, 0, 5, 1, 1.0, None, 3.5, 0),
+            STORED_SAMPLE_COLUMNS,
+            ("d", 1, at, 10.0, "mlp", 2, 5, 0, 5, 1, 1.0, None, 3.5, 0, at),
         ),
     ):
         raw = _raw_insert(dialect, table, names)

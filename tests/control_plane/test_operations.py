@@ -112,9 +112,11 @@ def test_telemetry_is_downsampled_and_expires(db_url: str, tmp_path: Path) -> No
         for i, age in enumerate(
             (7200, 7190, 7180, 10, 200000)
         ):  # three old, one fresh, one ancient
-            rows.append({"device_id": "d", "seq": i + 1, "time": now - timedelta(seconds=age), "window_s": 10,
-                         "model": "m", "version": 1, "requests": 10, "errors": i, "rows": 10, "batches": 1,
-                         "p50_ms": 1.0, "p95_ms": 2.0, "p99_ms": 3.0 + i, "queue_depth": 0})  # fmt: skip
+            at = now - timedelta(seconds=age)
+            rows.append({"device_id": "d", "seq": i + 1, "time": at, "received_at": at,
+                         "window_s": 10, "model": "m", "version": 1, "requests": 10, "errors": i,
+                         "rows": 10, "batches": 1, "p50_ms": 1.0, "p95_ms": 2.0, "p99_ms": 3.0 + i,
+                         "queue_depth": 0})  # fmt: skip
         async with sessions.begin() as s:
             await insert_ignore(s, TelemetrySample.__table__, rows)
         folded = await compact(sessions, settings, now=now)
@@ -177,7 +179,7 @@ def _message(device_id: str, seq: int, at: str, model: str) -> bytes:
 def test_a_devices_windows_are_a_range_of_the_time_index(db_url: str) -> None:
     """The telemetry table is indexed by time, not by device: a device's windows come from a
     range of the time index (SQLite's plan reads no table whole), and with a model version
-    from that version's range of the (model, version, time) index."""
+    from that version's range of the (model, version, received_at) index."""
     migrate(db_url)
     now = datetime.now(UTC)
 
@@ -224,8 +226,10 @@ def test_a_devices_windows_are_a_range_of_the_time_index(db_url: str) -> None:
         engine.dispose()
         by_time = "SEARCH telemetry USING INDEX sqlite_autoindex_telemetry_1 (time>?)"
         assert by_time in plans[0] and by_time in plans[1], plans
-        assert "ix_telemetry_model_time (model=? AND version=? AND time>?)" in plans[2], plans
+        by_received = "ix_telemetry_model_received (model=? AND version=? AND received_at>?)"
+        assert by_received in plans[2], plans
         assert not any("SCAN" in p for p in plans), plans
+        assert not any("TEMP B-TREE" in p for p in plans), plans  # the indexes give the order
 
 
 def test_telemetry_keeps_its_rows_and_dedupes_across_the_key_migration(db_url: str) -> None:
@@ -248,6 +252,28 @@ def test_telemetry_keeps_its_rows_and_dedupes_across_the_key_migration(db_url: s
         stored = conn.exec_driver_sql("SELECT seq FROM device_telemetry ORDER BY seq").all()
     engine.dispose()
     assert [r[0] for r in stored] == [1, 2]
+
+
+def test_windows_stored_before_received_at_count_as_received_at_their_time(db_url: str) -> None:
+    """Revision 0007 adds when the control plane received each window (the health gates go by
+    it): windows stored before it get their own time, which the gates went by until then, and
+    the revision goes back down and up again."""
+    engine = create_engine(sync_url(db_url))
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "0006")
+        conn.exec_driver_sql(
+            "INSERT INTO telemetry (device_id, seq, time, window_s, model, version, requests, "
+            'errors, "rows", batches, queue_depth) '
+            "VALUES ('dev-1', 1, '2026-12-03 07:00:00.000000', 10, 'mlp', 2, 5, 1, 5, 1, 0)"
+        )
+    migrate(db_url)
+    query = "SELECT count(*) FROM telemetry WHERE received_at = time"
+    with engine.begin() as conn:
+        assert conn.exec_driver_sql(query).scalar_one() == 1
+        command.downgrade(alembic_config(conn), "0006")
+        command.upgrade(alembic_config(conn), "head")
+        assert conn.exec_driver_sql(query).scalar_one() == 1
+    engine.dispose()
 
 
 def test_migrations_match_the_models(db_url: str) -> None:

@@ -1,21 +1,25 @@
 """Rollouts that must not go wrong quietly: a spec out of range, two rollouts of one model on
 one device, a wave in which no device committed, a device that timed out when the rollout rolls
-back, a refusal repeated after a commit. Real Mosquitto, a real control plane (SQLite and
-PostgreSQL), real agents, and one device played by an MQTT client where its messages must be
-chosen."""
+back, a refusal repeated after a commit, the health gates of a device whose clock is off. Real
+Mosquitto, a real control plane (SQLite and PostgreSQL), real agents, and one device played by
+an MQTT client where its messages must be chosen."""
 
 from __future__ import annotations
 
 import json
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from agent.protocol.messages import (
     DesiredState,
     DeviceStatus,
+    ModelTelemetry,
     ServedModel,
+    Telemetry,
     UpdateEvent,
     UpdateState,
 )
@@ -186,6 +190,7 @@ class ProbeDevices:
                             models=[], sent_at=datetime.now(UTC))
             for d in device_ids
         }  # fmt: skip
+        self.seq = dict.fromkeys(device_ids, 0)
         for device_id in device_ids:
             client.subscribe(f"edgefleet/devices/{device_id}/desired")
             client.subscribe(f"edgefleet/devices/{device_id}/commands")
@@ -222,6 +227,19 @@ class ProbeDevices:
 
     def commands(self, device_id: str) -> list[bytes]:
         return self.client.messages(f"edgefleet/devices/{device_id}/commands")
+
+    def telemetry(
+        self, device_id: str, at: datetime, version: int, requests: int, errors: int, p99_ms: float
+    ) -> None:
+        """A telemetry window of mlp ``version`` dated ``at`` (by the device's clock)."""
+        self.seq[device_id] += 1
+        window = ModelTelemetry(model="mlp", version=version, requests=requests, errors=errors,
+                                rows=requests, batches=requests, p99_ms=p99_ms)  # fmt: skip
+        doc = Telemetry(device_id=device_id, seq=self.seq[device_id], time=at, window_s=10.0,
+                        models=[window])  # fmt: skip
+        self.client.publish(
+            f"edgefleet/devices/{device_id}/telemetry", doc.model_dump_json().encode()
+        )
 
 
 def _probe_rollout(cp: RunningControlPlane, tmp_path: Path, devices: ProbeDevices) -> int:
@@ -292,5 +310,66 @@ def test_a_device_that_reconnects_while_its_rollback_waits_gets_the_command_agai
             assert again["type"] == "rollback" and again["from_version"] == 2
             assert again["command_id"] != first["command_id"]
             assert _devices(cp, rollout_id) == ("rolling_back", {"dev-p": "reverting"})
+        finally:
+            client.close()
+
+
+def _windows(cp: RunningControlPlane, **params: Any) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = cp.admin.get("/api/v1/telemetry", params=params).json()
+    return found
+
+
+@pytest.mark.parametrize("skew", [timedelta(days=-1), timedelta(days=1)], ids=["behind", "ahead"])
+def test_the_error_gate_judges_a_device_whose_clock_is_off(
+    start_control_plane: ControlPlaneFactory, broker: Mosquitto, tmp_path: Path, skew: timedelta
+) -> None:
+    """The gates chose windows by the device's time: a device a day behind dated its windows
+    before the rollout, one a day ahead after now, the gate saw neither ("fewer than
+    min_requests: not judged") and the rollout went on over a version failing half its
+    requests. (A day: raw windows older than the retention, two days, are folded away.)"""
+    client = ProbeClient(broker.port)
+    with start_control_plane() as cp:
+        try:
+            assert client.connect() == 0
+            devices = ProbeDevices(client, "dev-p")
+            rollout_id = _probe_rollout(cp, tmp_path, devices)
+            devices.event("dev-p", devices.manifest("dev-p"), UpdateState.COMMITTED)
+            wait_until(lambda: _devices(cp, rollout_id)[1] == {"dev-p": "committed"},
+                       what="the commit")  # fmt: skip
+            devices.telemetry("dev-p", datetime.now(UTC) + skew, 2, 50, 25, 3.0)
+            doc = wait_rollout(cp, rollout_id, "rolling_back", "rolled_back", timeout_s=30)
+            assert doc["reason"].startswith("error rate 50.0% over 50 requests"), doc
+            assert doc["gate_report"]["0"]["errors"] == 25
+            # the rollout's telemetry shows what the gate counted, received in the last hour
+            (window,) = _windows(cp, rollout_id=rollout_id)
+            assert window["errors"] == 25
+            received, dated = (datetime.fromisoformat(window[k]) for k in ("received_at", "time"))
+            assert abs(dated - received - skew) < timedelta(minutes=1)
+        finally:
+            client.close()
+
+
+def test_the_latency_gate_compares_windows_received_before_and_after_the_rollout(
+    start_control_plane: ControlPlaneFactory, broker: Mosquitto, tmp_path: Path
+) -> None:
+    """The previous version's baseline is what the control plane received in the ten minutes
+    before the rollout, whatever the device's clock says: here a day ahead, which dated both
+    versions' windows past the gates' reach."""
+    ahead = timedelta(days=1)
+    client = ProbeClient(broker.port)
+    with start_control_plane() as cp:
+        try:
+            assert client.connect() == 0
+            devices = ProbeDevices(client, "dev-p")
+            devices.birth("dev-p", models=[ServedModel(model="mlp", version=1)])
+            devices.telemetry("dev-p", datetime.now(UTC) + ahead, 1, 50, 0, 2.0)
+            wait_until(lambda: _windows(cp, model="mlp", version=1), what="version 1's window")
+            rollout_id = _probe_rollout(cp, tmp_path, devices)
+            devices.event("dev-p", devices.manifest("dev-p"), UpdateState.COMMITTED)
+            wait_until(lambda: _devices(cp, rollout_id)[1] == {"dev-p": "committed"},
+                       what="the commit")  # fmt: skip
+            devices.telemetry("dev-p", datetime.now(UTC) + ahead, 2, 50, 0, 20.0)
+            doc = wait_rollout(cp, rollout_id, "rolling_back", "rolled_back", timeout_s=30)
+            assert doc["reason"].startswith("p99 latency 20.0 ms is 10.00x"), doc
         finally:
             client.close()
