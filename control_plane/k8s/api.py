@@ -47,6 +47,10 @@ class KubeApi(Protocol):
 
     async def list_pods(self, namespace: str, selector: str) -> list[Obj]: ...
 
+    async def read_node(self, name: str) -> Obj:
+        """A Node (cluster-scoped: the ClusterRole in k3s/base/control-plane/rbac.yaml)."""
+        ...
+
     async def replace_daemonset_template(
         self,
         namespace: str,

@@ -121,6 +121,9 @@ class InClusterKubeApi:
         )
         return list(doc.get("items", []))
 
+    async def read_node(self, name: str) -> Obj:
+        return self._dict(await self._call(self._core.read_node(name)))
+
     async def replace_daemonset_template(
         self,
         namespace: str,

@@ -3,12 +3,16 @@
 Level-triggered: list every object and reconcile it, then follow a watch until the server ends
 it (``resync_s``), then list again. Reconciling an object:
 
-- no rollout yet: adopt the one this object already created (the status write may have been
-  lost), else create it; a spec the engine refuses becomes phase Failed with the reason, one
-  that must wait for another rollout of its model on the same devices to end stays Pending
-  (condition Accepted False, reason Waiting) and is tried again every ``status_interval_s``;
+- no rollout yet: adopt the latest rollout of its model and version that an object of its
+  namespace and name created (the status write may have been lost, or the object deleted and
+  restored from Git without its status), else create it; a spec the engine refuses becomes
+  phase Failed with the reason, one that must wait for another rollout of its model on the
+  same devices to end stays Pending (condition Accepted False, reason Waiting) and is tried
+  again every ``status_interval_s``;
 - ``spec.paused`` / ``spec.abort``: pause, resume or abort (abort rolls back);
-- write the rollout's state as ``.status`` when it changed.
+- write the rollout's state as ``.status`` when it changed. The rest of the spec cannot change
+  under a rollout: an edit of it keeps ``.status.observedGeneration`` at the generation the
+  rollout runs and sets the condition SpecApplied False (reason ImmutableWhileRunning).
 
 Active rollouts are also written every ``status_interval_s``: the engine moves them on device
 events and timers that the API server knows nothing of.
@@ -29,10 +33,13 @@ from control_plane.errors import Busy, Conflict, ControlPlaneError
 from control_plane.k8s.api import KubeApi, Obj
 from control_plane.k8s.resource import (
     FINAL,
+    clip,
     conditions,
+    merged,
     rollout_conditions,
     rollout_spec,
     rollout_status,
+    spec_changes,
 )
 from control_plane.k8s.settings import KubernetesSettings
 from control_plane.rollouts import RolloutEngine
@@ -43,10 +50,15 @@ REASONS = {"invalid_request": "InvalidSpec", "not_found": "NotFound", "conflict"
 
 
 def owner(obj: Obj) -> str:
-    """Who created a rollout (its ``created_by``): the object, down to its uid, so a new
-    object of the same name never adopts an old rollout."""
+    """Who created a rollout (its ``created_by``): the object, and which incarnation of it
+    (its uid, for the audit trail; adoption ignores it, see :func:`owner_prefix`)."""
+    return owner_prefix(obj) + str(obj["metadata"]["uid"])[:8]
+
+
+def owner_prefix(obj: Obj) -> str:
+    """What every ``created_by`` of an object of this namespace and name starts with."""
     meta = obj["metadata"]
-    return f"modelrollout:{meta['namespace']}/{meta['name']}"[:110] + f"@{meta['uid'][:8]}"
+    return f"modelrollout:{meta['namespace']}/{meta['name']}"[:110] + "@"
 
 
 class ModelRolloutController:
@@ -133,11 +145,23 @@ class ModelRolloutController:
         await self.sync_status(obj, rollout_id)
 
     async def _adopt(self, obj: Obj) -> int | None:
+        """The rollout an object of this namespace and name created for the same model and
+        version, whatever its uid: a lost status write, or an object deleted and re-created
+        (restored from Git, a prune and re-sync, ``kubectl replace``) reports that rollout's
+        result instead of rolling the version out a second time."""
+        spec = obj.get("spec") or {}
+        model, version = spec.get("model"), spec.get("version")
+        if not isinstance(model, str) or not isinstance(version, int):
+            return None  # _create reports what is wrong with the spec
         async with self.sessions() as session:
             found = (
                 await session.execute(
                     select(Rollout.id)
-                    .where(Rollout.created_by == owner(obj))
+                    .where(
+                        Rollout.created_by.startswith(owner_prefix(obj), autoescape=True),
+                        Rollout.model == model,
+                        Rollout.version == version,
+                    )
                     .order_by(Rollout.id.desc())
                     .limit(1)
                 )
@@ -162,7 +186,7 @@ class ModelRolloutController:
                 {
                     "observedGeneration": generation,
                     "phase": "Pending",
-                    "message": exc.message,
+                    "message": clip(exc.message),
                     "conditions": conditions(
                         previous, [("Accepted", False, "Waiting", exc.message)], generation, _now()
                     ),
@@ -180,7 +204,7 @@ class ModelRolloutController:
                 {
                     "observedGeneration": generation,
                     "phase": "Failed",
-                    "message": exc.message,
+                    "message": clip(exc.message),
                     "conditions": conditions(
                         previous, [("Accepted", False, reason, exc.message)], generation, _now()
                     ),
@@ -219,16 +243,21 @@ class ModelRolloutController:
             return
         generation = int(obj["metadata"].get("generation", 1))
         current = obj.get("status") or {}
-        status = rollout_status(rollout, generation)
+        changed = spec_changes(obj, rollout)
+        # observedGeneration is the generation the rollout runs: an edit it cannot apply
+        # leaves it where it was, and SpecApplied says why
+        applied = current.get("observedGeneration") if changed else generation
+        status = rollout_status(rollout, applied)
         status["conditions"] = conditions(
             current.get("conditions") or [],
-            rollout_conditions(status, rollout),
+            rollout_conditions(status, rollout, changed),
             generation,
             _now(),
         )
-        if "rollback" not in status and "rollback" in current:
-            status["rollback"] = None  # (merge patch: null removes it)
-        if any(current.get(k) != v for k, v in status.items()):
+        for key in ("gateReport", "rollback"):
+            if key not in status and key in current:
+                status[key] = None  # (merge patch: null removes it)
+        if merged(current, status) != current:
             await self._patch(obj, status)
 
     async def _patch(self, obj: Obj, status: Obj) -> None:

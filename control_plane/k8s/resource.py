@@ -1,5 +1,10 @@
 """ModelRollout objects <-> the rollout engine: the spec as a RolloutSpec, a Rollout row as
-``.status`` (phase, waves, counts, gate report, rollback, conditions)."""
+``.status`` (phase, waves, counts, gate report, rollback, conditions).
+
+``.status`` is written as a JSON merge patch (RFC 7386): a key it should no longer have is
+sent as null, and free text (reasons that quote what a device reported) is clipped to
+``MAX_MESSAGE_CHARS``, below what the CRD accepts.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +29,11 @@ PHASES = {
     "cancelled": "Cancelled",
 }
 FINAL = ("Succeeded", "RolledBack", "Cancelled", "Failed")
+ACTIVE = ("Running", "Paused", "RollingBack")
+MAX_MESSAGE_CHARS = 1024
+"""Longest free-text status field (the CRD caps condition messages at 32,768: one device's
+self-test reason alone can exceed it, and the API server then refuses every status write)."""
+CLIPPED = " ... [truncated]"
 
 # engine device state -> .status.counts key
 OUTCOME = {
@@ -98,8 +108,52 @@ def rollout_spec(obj: Obj) -> RolloutSpec:
         raise Invalid(f"{where}: {first['msg']}") from None
 
 
-def rollout_status(rollout: Rollout, generation: int) -> Obj:
-    """``.status`` without conditions for a rollout and its devices."""
+def spec_changes(obj: Obj, rollout: Rollout) -> list[str]:
+    """The fields of the object's spec that differ from what its rollout runs (the spec it was
+    created with: the engine cannot change a rollout's waves, selector or gates under way)."""
+    try:
+        wanted = rollout_spec(obj)
+    except Invalid as exc:
+        return [exc.message.split(":", 1)[0]]
+    running = {
+        "model": rollout.model,
+        "version": rollout.version,
+        "selector": rollout.selector,
+        "profiles": rollout.profiles,
+        "waves": rollout.waves,
+        "bake_time_s": rollout.bake_time_s,
+        "device_timeout_s": rollout.device_timeout_s,
+        # as the spec model has it now: a gate added since the rollout started is a default
+        "gates": {**type(wanted.gates)().model_dump(), **rollout.gates},
+    }
+    fields = wanted.model_dump()
+    return [where for key, where in FIELDS.items() if fields[key] != running[key]]
+
+
+def clip(text: str) -> str:
+    """``text`` cut to ``MAX_MESSAGE_CHARS``, saying so."""
+    if len(text) <= MAX_MESSAGE_CHARS:
+        return text
+    return text[: MAX_MESSAGE_CHARS - len(CLIPPED)] + CLIPPED
+
+
+def merged(target: Any, patch: Any) -> Any:
+    """``patch`` applied to ``target`` as a JSON merge patch (RFC 7386), as the API server
+    does: whether a status write would change anything."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merged(out.get(key), value)
+    return out
+
+
+def rollout_status(rollout: Rollout, generation: int | None) -> Obj:
+    """``.status`` without conditions for a rollout and its devices; ``generation`` is the
+    object's generation whose spec the rollout runs (None: none of them, or not known)."""
     counts = {k: 0 for k in sorted(set(OUTCOME.values()))}
     for d in rollout.devices:
         counts[OUTCOME.get(d.state, "failed")] += 1
@@ -111,21 +165,22 @@ def rollout_status(rollout: Rollout, generation: int) -> Obj:
             {"wave": i, "size": str(size), "devices": sum(states.values()), "states": dict(states)}
         )
     status: Obj = {
-        "observedGeneration": generation,
         "phase": PHASES.get(rollout.state, "Failed"),
         "rolloutId": rollout.id,
         "sequence": rollout.sequence,
-        "message": rollout.reason,
+        "message": clip(rollout.reason),
         "currentWave": rollout.current_wave,
         "waves": waves,
         "counts": counts,
     }
+    if generation is not None:
+        status["observedGeneration"] = generation
     report = rollout.gate_report.get(str(rollout.current_wave))
     if report:
         status["gateReport"] = _gate_report(rollout.current_wave, report)
     if rollout.state in ("rolling_back", "rolled_back"):
         status["rollback"] = {
-            "reason": rollout.reason,
+            "reason": clip(rollout.reason),
             "completed": rollout.state == "rolled_back",
             "reverting": counts["reverting"],
             "reverted": counts["reverted"],
@@ -135,6 +190,9 @@ def rollout_status(rollout: Rollout, generation: int) -> Obj:
 
 
 def _gate_report(wave: int, report: dict[str, Any]) -> Obj:
+    """The report with every key it lacks as null, so that the merge patch removes what an
+    earlier evaluation reported (an error rate, or the note that there were too few
+    requests to judge)."""
     keys = {
         "requests": "requests",
         "errors": "errors",
@@ -144,16 +202,38 @@ def _gate_report(wave: int, report: dict[str, Any]) -> Obj:
         "note": "note",
     }
     out: Obj = {"wave": wave}
-    out.update({keys[k]: v for k, v in report.items() if k in keys and v is not None})
+    out.update({name: report.get(k) for k, name in keys.items()})
+    if out["note"] is not None:
+        out["note"] = clip(str(out["note"]))
     return out
 
 
-def rollout_conditions(status: Obj, rollout: Rollout) -> list[tuple[str, bool, str, str]]:
-    """(type, status, reason, message) of an accepted rollout's conditions."""
+def rollout_conditions(
+    status: Obj, rollout: Rollout, changed: list[str] | None = None
+) -> list[tuple[str, bool, str, str]]:
+    """(type, status, reason, message) of an accepted rollout's conditions; ``changed``: the
+    spec's fields that differ from what the rollout runs (:func:`spec_changes`)."""
     phase, message = status["phase"], rollout.reason
     aborted = message.startswith("aborted by")
-    active = phase in ("Running", "Paused", "RollingBack")
+    active = phase in ACTIVE
     rolling_back = phase in ("RollingBack", "RolledBack")
+    if changed:
+        applied = status.get("observedGeneration")
+        spec_applied = (
+            "SpecApplied",
+            False,
+            "ImmutableWhileRunning" if active else "RolloutFinished",
+            f"{', '.join(changed)} changed after rollout {rollout.id} started: not applied; "
+            + (
+                f"it runs the spec of generation {applied}"
+                if applied
+                else "it runs the spec it was created with"
+            )
+            + " (a running rollout takes spec.paused and spec.abort only; "
+            "create another ModelRollout for the rest)",
+        )
+    else:
+        spec_applied = ("SpecApplied", True, "Applied", f"rollout {rollout.id} runs this spec")
     return [
         ("Accepted", True, "RolloutCreated", f"control plane rollout {rollout.id}"),
         ("Progressing", active, phase, message or f"wave {rollout.current_wave}"),
@@ -164,6 +244,7 @@ def rollout_conditions(status: Obj, rollout: Rollout) -> list[tuple[str, bool, s
             ("Aborted" if aborted else "GateFailed") if rolling_back else "NotRolledBack",
             message if rolling_back else "",
         ),
+        spec_applied,
     ]
 
 
@@ -186,7 +267,7 @@ def conditions(
                 "type": kind,
                 "status": value,
                 "reason": reason,
-                "message": message,
+                "message": clip(message),
                 "lastTransitionTime": when,
                 "observedGeneration": generation,
             }

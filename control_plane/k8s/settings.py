@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class KubernetesSettings(BaseModel):
@@ -21,8 +21,8 @@ class KubernetesSettings(BaseModel):
     retry_max_s: float = Field(default=30.0, gt=0)
     """Longest wait between retries while the API server is unreachable."""
     agent_daemonset: str | None = "edgefleet-agent"
-    """The agent DaemonSet to roll back when an upgrade fails its health gates; None turns
-    the guard off."""
+    """The agent DaemonSet to roll back when an upgrade fails its health gates; None or ""
+    (an environment variable cannot say None) turns the guard off."""
     agent_check_interval_s: float = Field(default=15.0, gt=0)
     """How often the agent DaemonSet's upgrade is checked."""
     agent_ready_deadline_s: float = Field(default=600.0, gt=0)
@@ -32,3 +32,8 @@ class KubernetesSettings(BaseModel):
     agent_upgrade_window_s: float = Field(default=3600.0, gt=0)
     """After every pod runs the new revision, how long its failures still count against the
     upgrade (later failures are the node's problem, not the upgrade's)."""
+
+    @field_validator("agent_daemonset")
+    @classmethod
+    def _empty_is_off(cls, value: str | None) -> str | None:
+        return value or None

@@ -26,7 +26,9 @@ RUN groupadd --system --gid 10001 edgefleet \
  && install -d -o edgefleet -g edgefleet -m 0750 /var/lib/edgefleet-cp
 COPY --from=build /opt/edgefleet/venv /opt/edgefleet/venv
 # SQLite on the volume by default; set EDGEFLEET_CP_DB_URL to a PostgreSQL URL
-# (postgresql+psycopg://...) for more than one replica. Settings: docs/control-plane.md.
+# (postgresql+psycopg://...) to keep the database off the volume. Run one replica either way:
+# there is no leader election and the MQTT client id is fixed (docs/kubernetes.md, Limits).
+# Settings: docs/control-plane.md.
 ENV PATH=/opt/edgefleet/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -45,6 +45,9 @@ class FakeKubeApi:
         self.daemonsets: dict[str, Obj] = {}
         self.revisions: list[Obj] = []
         self.pods: list[Obj] = []
+        self.nodes: dict[str, Obj] = {}
+        self.may_read_nodes = True
+        """False: the service account may not get nodes (403), as without the ClusterRole."""
         self.status_patches: list[tuple[str, Obj]] = []
         self.closed = False
 
@@ -162,6 +165,14 @@ class FakeKubeApi:
     async def list_pods(self, namespace: str, selector: str) -> list[Obj]:
         with self._lock:
             return [copy.deepcopy(p) for p in self.pods if _matches(p, selector)]
+
+    async def read_node(self, name: str) -> Obj:
+        with self._lock:
+            if not self.may_read_nodes:
+                raise KubeApiError(403, f"nodes {name!r} is forbidden")
+            if name not in self.nodes:
+                raise KubeApiError(404, f"nodes {name!r} not found")
+            return copy.deepcopy(self.nodes[name])
 
     async def replace_daemonset_template(
         self,

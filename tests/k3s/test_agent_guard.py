@@ -63,6 +63,7 @@ def pod(
     ready: bool,
     restarts: int = 0,
     waiting: str | None = None,
+    node: str | None = None,
 ) -> dict[str, Any]:
     state = {"waiting": {"reason": waiting}} if waiting else {"running": {}}
     return {
@@ -71,6 +72,7 @@ def pod(
             "labels": {**SELECTOR, "controller-revision-hash": hash_},
             "creationTimestamp": stamp(ago),
         },
+        "spec": {"nodeName": node} if node else {},
         "status": {
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
             "containerStatuses": [{"name": "agent", "restartCount": restarts, "state": state}],

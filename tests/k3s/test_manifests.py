@@ -19,7 +19,13 @@ from control_plane.settings import ControlPlaneSettings
 from tests.agent.server import copy_models, serve
 from tests.k3s.schema import K3S, KUBERNETES_VERSION, OVERLAYS, ROOT, find, render
 
-CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "RuntimeClass"}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "CustomResourceDefinition",
+    "RuntimeClass",
+    "ClusterRole",
+    "ClusterRoleBinding",
+}
 WORKLOADS = ("Deployment", "DaemonSet")
 
 
@@ -171,8 +177,28 @@ def test_settings_in_the_manifests_are_the_agent_and_control_plane_settings(
         else:
             assert isinstance(settings, ControlPlaneSettings)
             assert settings.kubernetes.enabled
-            assert settings.kubernetes.agent_daemonset == "edgefleet-agent"
+            # the cluster overlay's agent is a Deployment: no DaemonSet to guard
+            assert settings.kubernetes.agent_daemonset == (
+                None if overlay.endswith("cluster") else "edgefleet-agent"
+            )
             assert settings.mqtt_username == "control-plane"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_control_plane_may_get_nodes_and_nothing_else_cluster_wide(overlay: str) -> None:
+    """The DaemonSet guard reads an unhealthy agent pod's node (an offline node is not the
+    upgrade's fault); everything else the control plane does stays in its namespace."""
+    docs = render(overlay)
+    role = find(docs, "ClusterRole", "edgefleet-control-plane-nodes")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    binding = find(docs, "ClusterRoleBinding", "edgefleet-control-plane-nodes")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    account = find(docs, "ServiceAccount", "edgefleet-control-plane")["metadata"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
+    cluster_wide = [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    assert cluster_wide == [role, binding]
 
 
 def test_a_misspelt_setting_is_caught() -> None:

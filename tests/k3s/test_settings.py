@@ -19,7 +19,7 @@ def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGEFLEET_CP_KUBERNETES__STATUS_INTERVAL_S", "5")
     kube = ControlPlaneSettings().kubernetes
     assert kube.enabled and kube.status_interval_s == 5
-    assert not kube.agent_daemonset  # empty: the guard is off
+    assert kube.agent_daemonset is None  # empty: the guard is off
     monkeypatch.delenv("EDGEFLEET_CP_KUBERNETES__ENABLED")
     assert not ControlPlaneSettings().kubernetes.enabled  # off unless asked for
 
