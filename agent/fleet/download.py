@@ -197,8 +197,40 @@ async def stage_update(
     Raises:
         ProtocolError: a download failed, or the device's storage refused it (``disk_full``).
     """
+    m = vm.manifest
+    refs = list(vm.variant.files) + ([m.golden] if m.golden else [])
     try:
-        return await _download_and_install(vm, http, store, settings, served, say)
+        if await asyncio.to_thread(store.installed, m.model, m.version, refs):
+            return store.version_dir(m.model, m.version)
+        total = sum(r.size for r in refs) or 1
+        done = 0
+        say(UpdateState.DOWNLOADING, progress=0.0)
+        files: dict[str, Path] = {}
+        last_report = time.monotonic()
+
+        for ref in refs:
+
+            def progress(written: int, before: int = done) -> None:
+                nonlocal last_report
+                if time.monotonic() - last_report >= 1.0:  # one progress event a second at most
+                    last_report = time.monotonic()
+                    say(UpdateState.DOWNLOADING, progress=min(1.0, (before + written) / total))
+
+            files[ref.name] = await fetch(
+                http,
+                ref,
+                store.staging,
+                max_bytes=settings.max_artifact_bytes,
+                attempts=settings.download_attempts,
+                progress=progress,
+            )
+            done += ref.size
+        say(UpdateState.DOWNLOADING, progress=1.0)
+        store.pin(m.model, served())
+        version_dir = await asyncio.to_thread(store.install, m.model, m.version, files, refs)
+        for path in files.values():
+            path.unlink(missing_ok=True)
+        return version_dir
     except OSError as exc:
         # the device's storage, not the manifest: reported, and tried again later
         full = is_disk_full(exc)
@@ -206,46 +238,3 @@ async def stage_update(
             Rejection.DISK_FULL if full else Rejection.DOWNLOAD_FAILED,
             f"storing the update failed: {exc.strerror or exc} ({exc.filename})",
         ) from exc
-
-
-async def _download_and_install(
-    vm: VerifiedManifest,
-    http: httpx.AsyncClient,
-    store: ModelStore,
-    settings: FleetSettings,
-    served: Callable[[], list[int]],
-    say: Callable[..., None],
-) -> Path:
-    m = vm.manifest
-    refs = list(vm.variant.files) + ([m.golden] if m.golden else [])
-    if await asyncio.to_thread(store.installed, m.model, m.version, refs):
-        return store.version_dir(m.model, m.version)
-    total = sum(r.size for r in refs) or 1
-    done = 0
-    say(UpdateState.DOWNLOADING, progress=0.0)
-    files: dict[str, Path] = {}
-    last_report = time.monotonic()
-
-    for ref in refs:
-
-        def progress(written: int, before: int = done) -> None:
-            nonlocal last_report
-            if time.monotonic() - last_report >= 1.0:  # at most one progress event a second
-                last_report = time.monotonic()
-                say(UpdateState.DOWNLOADING, progress=min(1.0, (before + written) / total))
-
-        files[ref.name] = await fetch(
-            http,
-            ref,
-            store.staging,
-            max_bytes=settings.max_artifact_bytes,
-            attempts=settings.download_attempts,
-            progress=progress,
-        )
-        done += ref.size
-    say(UpdateState.DOWNLOADING, progress=1.0)
-    store.pin(m.model, served())
-    version_dir = await asyncio.to_thread(store.install, m.model, m.version, files, refs)
-    for path in files.values():
-        path.unlink(missing_ok=True)
-    return version_dir
