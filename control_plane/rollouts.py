@@ -62,6 +62,8 @@ DEVICE_DONE = ("committed", "rejected", "rolled_back", "timed_out")
 NEVER_REPORTED = "never reported the new version"
 """Reason of a device given up on while rolling back: a commit it reports later reopens it."""
 BASELINE = timedelta(minutes=10)
+REASON_LIMIT = 1024
+"""Characters of a device's reason kept (a self-test's report can run to kilobytes)."""
 CHUNK = 1000
 """Device ids per ``IN`` list: one bound parameter each, and PostgreSQL takes 65,535."""
 
@@ -502,7 +504,7 @@ class RolloutEngine:
             except ValueError:
                 return None
             rd = prefetched.get((rollout_id, event.device_id))
-            reason = f"{event.code}: {event.reason}" if event.code else ""
+            reason = _device_reason(event) if event.code else ""
             if rd is not None and reason and rd.state in ("pending", "sent"):
                 # a fault the device retries on its own (disk full, a download cut short):
                 # shown on the rollout while the device is at it, without moving its state
@@ -538,11 +540,7 @@ class RolloutEngine:
                 if rd.state == "reverting"
             ]
             for rd in rows:
-                rd.state, rd.reason, rd.updated_at = (
-                    "reverted",
-                    f"{event.code}: {event.reason}",
-                    now,
-                )
+                rd.state, rd.reason, rd.updated_at = "reverted", _device_reason(event), now
             return rows[0].rollout_id if rows else None
         return None
 
@@ -861,6 +859,16 @@ async def _load_devices(session: AsyncSession, device_ids: list[str]) -> list[De
         chunk = device_ids[start : start + CHUNK]
         devices += (await session.execute(select(Device).where(Device.id.in_(chunk)))).scalars()
     return devices
+
+
+def _device_reason(event: UpdateEvent) -> str:
+    """An event's code and reason, the reason cut to :data:`REASON_LIMIT` characters: it is
+    the device's text, and it ends up in the rollout's own reason, the API and a
+    ModelRollout's status (whose messages Kubernetes caps)."""
+    reason = event.reason or ""
+    if len(reason) > REASON_LIMIT:
+        reason = reason[:REASON_LIMIT] + "... [truncated]"
+    return f"{event.code}: {reason}"
 
 
 async def _window(

@@ -23,6 +23,7 @@ from agent.protocol.messages import (
     UpdateEvent,
     UpdateState,
 )
+from control_plane.rollouts import REASON_LIMIT
 from runtimes.examples.variants import mlp_version
 from tests.access.mqtt_client import ProbeClient
 from tests.agent.server import wait_until
@@ -215,13 +216,18 @@ class ProbeDevices:
         return signed
 
     def event(
-        self, device_id: str, manifest: dict[str, Any], state: UpdateState, code: str | None = None
+        self,
+        device_id: str,
+        manifest: dict[str, Any],
+        state: UpdateState,
+        code: str | None = None,
+        reason: str | None = None,
     ) -> None:
         doc = UpdateEvent(
             device_id=device_id, event_id=uuid.uuid4().hex, time=datetime.now(UTC),
             model="mlp", version=2, sequence=manifest["sequence"],
             rollout_id=manifest["rollout_id"], state=state, code=code,
-            reason=f"{code} (probe)" if code else None,
+            reason=reason or (f"{code} (probe)" if code else None),
         )  # fmt: skip
         self.client.publish(f"edgefleet/devices/{device_id}/events", doc.model_dump_json().encode())
 
@@ -276,6 +282,32 @@ def test_a_device_that_committed_stays_committed_when_a_refusal_of_it_repeats(
                 what="dev-q's fault on the rollout",
             )  # fmt: skip
             assert _devices(cp, rollout_id) == ("running", {"dev-p": "committed", "dev-q": "sent"})
+        finally:
+            client.close()
+
+
+def test_a_device_reason_of_many_kilobytes_is_kept_to_its_first_kilobyte(
+    start_control_plane: ControlPlaneFactory, broker: Mosquitto, tmp_path: Path
+) -> None:
+    """A self-test report can run to kilobytes, and it ends up in the rollout's reason and a
+    ModelRollout's status: kept to REASON_LIMIT characters wherever it is stored."""
+    client = ProbeClient(broker.port)
+    with start_control_plane() as cp:
+        try:
+            assert client.connect() == 0
+            devices = ProbeDevices(client, "dev-p")
+            rollout_id = _probe_rollout(cp, tmp_path, devices)
+            report = "golden output mismatch at " + "x" * 40_000
+            devices.event("dev-p", devices.manifest("dev-p"), UpdateState.REJECTED,
+                          "self_test_failed", reason=report)  # fmt: skip
+            wait_until(lambda: _devices(cp, rollout_id)[0] in ("rolling_back", "rolled_back"),
+                       what="the rollback")  # fmt: skip
+            doc = cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()
+            (device,) = doc["devices"]
+            assert device["reason"] == (
+                "self_test_failed: " + report[:REASON_LIMIT] + "... [truncated]"
+            )
+            assert len(doc["reason"]) < REASON_LIMIT + 200, doc["reason"][:200]
         finally:
             client.close()
 
