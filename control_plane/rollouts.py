@@ -24,119 +24,33 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy import case, func, select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import selectinload
 
 from agent.protocol.messages import UpdateEvent
 from control_plane.bus import FleetBus
-from control_plane.db.models import Device, Model, Rollout, RolloutDevice, TelemetrySample
-from control_plane.db.session import stored_utc
+from control_plane.db.models import Device, Model, Rollout, RolloutDevice
+from control_plane.db.session import required_utc
 from control_plane.errors import Busy, Conflict, Invalid, NotFound
+from control_plane.gates import telemetry_gates
 from control_plane.keys import KeyRing
 from control_plane.manifests import build_manifest
 from control_plane.metrics import FleetMetrics
 from control_plane.registry import get_version
+from control_plane.rollout_events import CHUNK, NEVER_REPORTED, apply_events, moves_rollout
+from control_plane.rollout_spec import Gates, RolloutSpec, wave_bounds
 
 log = logging.getLogger("edgefleet.control_plane.rollouts")
 
 ACTIVE = ("running", "paused", "rolling_back")
-FINAL_EVENTS = frozenset({"committed", "rejected", "rolled_back"})
-
-
-def _moves_rollout(event: UpdateEvent) -> bool:
-    """A final state, or a fault the device reports while it retries (shown on the rollout);
-    plain progress (received, downloading, ...) moves nothing."""
-    return event.state.value in FINAL_EVENTS or bool(event.code)
-
-
 DEVICE_DONE = ("committed", "rejected", "rolled_back", "timed_out")
-NEVER_REPORTED = "never reported the new version"
-"""Reason of a device given up on while rolling back: a commit it reports later reopens it."""
-BASELINE = timedelta(minutes=10)
-REASON_LIMIT = 1024
-"""Characters of a device's reason kept (a self-test's report can run to kilobytes)."""
-CHUNK = 1000
-"""Device ids per ``IN`` list: one bound parameter each, and PostgreSQL takes 65,535."""
-
-
-MAX_DURATION_S = 366 * 86400.0
-"""Longest bake time or device timeout a rollout takes (a year): past it a date overflows."""
-
-
-class Gates(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    max_error_rate: float = Field(default=0.01, ge=0, le=1)
-    max_p99_ratio: float = Field(default=2.0, gt=0, le=1e6)
-    min_requests: int = Field(default=20, ge=0)
-    """Below this many requests over a bake window, error rate and latency are not judged."""
-    self_test: bool = True
-    """Fail when any device's self-test fails."""
-    max_rejections: int = Field(default=0, ge=0)
-    """Devices that refused or rolled back the update locally before the rollout fails."""
-
-
-class RolloutSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    model: str
-    version: int = Field(ge=1, le=2**31 - 1)
-    selector: dict[str, str] = Field(default_factory=dict)
-    """Label selector: every label given must match (operator labels win over reported)."""
-    profiles: list[str] = Field(default_factory=list)
-    waves: list[str] = Field(default_factory=lambda: ["1", "10%", "50%", "100%"])
-    bake_time_s: float = Field(default=60.0, ge=0, le=MAX_DURATION_S)
-    device_timeout_s: float = Field(default=600.0, gt=0, le=MAX_DURATION_S)
-    gates: Gates = Field(default_factory=Gates)
-
-    @field_validator("waves", mode="before")
-    @classmethod
-    def _as_strings(cls, value: Any) -> Any:
-        return [str(v) for v in value] if isinstance(value, list) else value
-
-    @field_validator("waves")
-    @classmethod
-    def _wave_sizes(cls, waves: list[str]) -> list[str]:
-        if not waves:
-            raise ValueError("at least one wave")
-        for w in waves:
-            number = w[:-1] if w.endswith("%") else w
-            try:
-                value = float(number)
-            except ValueError:
-                raise ValueError(f"wave {w!r} is not a device count or a percentage") from None
-            if not math.isfinite(value) or value <= 0 or (w.endswith("%") and value > 100):
-                raise ValueError(f"wave {w!r} is out of range")
-            if not w.endswith("%") and not value.is_integer():
-                raise ValueError(f"wave {w!r} is not a whole number of devices")
-        return waves
-
-
-def wave_bounds(waves: Sequence[str], total: int) -> list[int]:
-    """Cumulative device counts per wave, never decreasing, the last covering its share."""
-    bounds, prev = [], 0
-    for w in waves:
-        n = math.ceil(total * float(w[:-1]) / 100) if w.endswith("%") else int(float(w))
-        n = max(prev, min(total, n))
-        bounds.append(n)
-        prev = n
-    return bounds
-
-
-def _utc(when: datetime | None) -> datetime:
-    """A stored timestamp that must be set, as an aware UTC datetime."""
-    if when is None:
-        raise ValueError("timestamp is not set")
-    return stored_utc(when)
 
 
 class RolloutEngine:
@@ -421,128 +335,16 @@ class RolloutEngine:
             self.bus.publish_desired(device.id, list(device.desired.values()))
 
     async def on_events(self, events: list[UpdateEvent]) -> None:
-        events = [e for e in events if _moves_rollout(e)]
+        events = [e for e in events if moves_rollout(e)]
         if not events:
             return
-        touched: set[int] = set()
         async with self._lock, self.sessions.begin() as session:
-            prefetched = await self._rows_for(session, events)
-            reverting = await self._reverting_for(session, events)
-            for event in events:
-                rollout_id = await self._apply_event(session, event, prefetched, reverting)
-                if rollout_id is not None:
-                    touched.add(rollout_id)
+            touched = await apply_events(session, events)
         # The rollout loop steps them, once for all the events that arrive meanwhile: a step
         # reads the whole rollout, and one per ingest batch held ingest up behind it.
         if touched:
             self._dirty |= touched
             self._wake.set()
-
-    async def _rows_for(
-        self, session: AsyncSession, events: list[UpdateEvent]
-    ) -> dict[tuple[int, str], RolloutDevice]:
-        """The rollout rows a batch of events can move, in one query per rollout rather than
-        one per event (a rollout to thousands of devices reports thousands of events)."""
-        wanted: dict[int, set[str]] = {}
-        for e in events:
-            if not _moves_rollout(e):
-                continue
-            if e.rollout_id and e.rollout_id.startswith("rollout-"):
-                with contextlib.suppress(ValueError):
-                    rollout_id = int(e.rollout_id.removeprefix("rollout-"))
-                    wanted.setdefault(rollout_id, set()).add(e.device_id)
-        rows: dict[tuple[int, str], RolloutDevice] = {}
-        for rollout_id, wanted_ids in wanted.items():
-            ids = sorted(wanted_ids)
-            for start in range(0, len(ids), CHUNK):
-                result = await session.execute(
-                    select(RolloutDevice).where(
-                        RolloutDevice.rollout_id == rollout_id,
-                        RolloutDevice.device_id.in_(ids[start : start + CHUNK]),
-                    )
-                )
-                rows |= {(rd.rollout_id, rd.device_id): rd for rd in result.scalars()}
-        return rows
-
-    async def _reverting_for(
-        self, session: AsyncSession, events: list[UpdateEvent]
-    ) -> dict[tuple[str, str], list[RolloutDevice]]:
-        """Rows waiting for the devices' answers to rollback commands, by (device, model)."""
-        ids = {
-            e.device_id
-            for e in events
-            if e.state.value in ("rolled_back", "rejected")
-            and e.code in ("fleet_command", "nothing_to_roll_back")
-            and not (e.rollout_id and e.rollout_id.startswith("rollout-"))
-        }
-        out: dict[tuple[str, str], list[RolloutDevice]] = {}
-        chunked = sorted(ids)
-        for start in range(0, len(chunked), CHUNK):
-            result = await session.execute(
-                select(RolloutDevice, Rollout.model)
-                .join(Rollout)
-                .where(
-                    RolloutDevice.device_id.in_(chunked[start : start + CHUNK]),
-                    RolloutDevice.state == "reverting",
-                )
-            )
-            for rd, model in result:
-                out.setdefault((rd.device_id, model), []).append(rd)
-        return out
-
-    async def _apply_event(
-        self,
-        session: AsyncSession,
-        event: UpdateEvent,
-        prefetched: dict[tuple[int, str], RolloutDevice],
-        reverting: dict[tuple[str, str], list[RolloutDevice]],
-    ) -> int | None:
-        state, now = event.state.value, datetime.now(UTC)
-        if event.rollout_id and event.rollout_id.startswith("rollout-"):
-            try:
-                rollout_id = int(event.rollout_id.removeprefix("rollout-"))
-            except ValueError:
-                return None
-            rd = prefetched.get((rollout_id, event.device_id))
-            reason = _device_reason(event) if event.code else ""
-            if rd is not None and reason and rd.state in ("pending", "sent"):
-                # a fault the device retries on its own (disk full, a download cut short):
-                # shown on the rollout while the device is at it, without moving its state
-                rd.reason, rd.updated_at = reason, now
-            if rd is None or state not in ("committed", "rejected", "rolled_back"):
-                return None
-            late = rd.state == "reverted" and rd.reason == NEVER_REPORTED
-            if rd.state == "reverting_pending" or late:
-                if state == "committed":  # it got there after all: now it gets the command
-                    rd.state, rd.sent_at, rd.reason = (
-                        "reverting",
-                        None,
-                        "committed after the rollback started",
-                    )
-                    rollout = await session.get(Rollout, rollout_id)
-                    if rollout is not None and rollout.state == "rolled_back":
-                        rollout.state = "rolling_back"
-                elif not late:
-                    rd.state, rd.reason = "reverted", f"never switched ({reason})"
-            elif rd.state == "committed":
-                pass  # a device does not un-commit: a later refusal of it is a repeat
-            elif rd.state in ("pending", "sent", "timed_out"):
-                rd.state, rd.reason = state, reason
-            rd.updated_at = now
-            return rollout_id
-        if state in ("rolled_back", "rejected") and event.code in (
-            "fleet_command",
-            "nothing_to_roll_back",
-        ):
-            rows = [
-                rd
-                for rd in reverting.get((event.device_id, event.model), [])
-                if rd.state == "reverting"
-            ]
-            for rd in rows:
-                rd.state, rd.reason, rd.updated_at = "reverted", _device_reason(event), now
-            return rows[0].rollout_id if rows else None
-        return None
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[AsyncSession]:
@@ -633,7 +435,7 @@ class RolloutEngine:
         for rd in wave_devices:
             if (
                 rd.state == "sent"
-                and _utc(rd.sent_at) + timedelta(seconds=rollout.device_timeout_s) < now
+                and required_utc(rd.sent_at) + timedelta(seconds=rollout.device_timeout_s) < now
             ):
                 rd.state, rd.reason, rd.updated_at = (
                     "timed_out",
@@ -668,11 +470,11 @@ class RolloutEngine:
             )
         if rollout.bake_started_at is None:
             rollout.bake_started_at = now
-        verdict, report = await self._telemetry_gates(session, rollout, gates, touched, now)
+        verdict, report = await telemetry_gates(session, rollout, gates, touched, now)
         rollout.gate_report = {**rollout.gate_report, str(rollout.current_wave): report}
         if verdict:
             return self._fail(rollout, verdict)
-        if _utc(rollout.bake_started_at) + timedelta(seconds=rollout.bake_time_s) > now:
+        if required_utc(rollout.bake_started_at) + timedelta(seconds=rollout.bake_time_s) > now:
             return None  # still baking
         if rollout.current_wave + 1 >= len(rollout.waves) or not [
             d for d in rollout.devices if d.wave > rollout.current_wave
@@ -693,59 +495,6 @@ class RolloutEngine:
         log.warning(
             "rollout gate failed: rolling back", extra={"rollout": rollout.id, "reason": reason}
         )
-
-    async def _telemetry_gates(
-        self,
-        session: AsyncSession,
-        rollout: Rollout,
-        gates: Gates,
-        touched: list[RolloutDevice],
-        now: datetime,
-    ) -> tuple[str | None, dict[str, Any]]:
-        ids = [d.device_id for d in touched if d.state == "committed"]
-        # every window of the new version on touched devices counts: it only runs there since
-        # they switched, whatever the bake window says. Windows are chosen by when the control
-        # plane received them, not by their time: a device's clock behind by more than the
-        # rollout's age dates them before it, one ahead dates them past now (or an earlier,
-        # rolled-back rollout's inside it), and the gates would judge the wrong windows.
-        since = _utc(rollout.created_at)
-        new = await _window(session, rollout.model, rollout.version, ids, since, now)
-        report: dict[str, Any] = {
-            "requests": new["requests"],
-            "errors": new["errors"],
-            "p99_ms": new["p99_ms"],
-        }
-        if new["requests"] < max(gates.min_requests, 1):
-            report["note"] = (
-                f"fewer than {gates.min_requests} requests: error rate and latency not judged yet"
-            )
-            return None, report
-        rate = new["errors"] / new["requests"]
-        report["error_rate"] = rate
-        if rate > gates.max_error_rate:
-            return (
-                f"error rate {rate:.1%} over {new['requests']} requests "
-                f"exceeds {gates.max_error_rate:.1%}",
-                report,
-            )
-        previous = {d.previous_version for d in touched if d.previous_version is not None}
-        if previous and new["p99_ms"]:
-            # the previous version's windows received in the BASELINE before the rollout
-            created = _utc(rollout.created_at)
-            base = await _window(
-                session, rollout.model, previous.pop(), ids, created - BASELINE, created
-            )
-            if base["p99_ms"] and base["requests"] >= gates.min_requests:
-                ratio = new["p99_ms"] / base["p99_ms"]
-                report["p99_ratio"] = ratio
-                if ratio > gates.max_p99_ratio:
-                    return (
-                        f"p99 latency {new['p99_ms']:.1f} ms is {ratio:.2f}x "
-                        "the previous version's "
-                        f"{base['p99_ms']:.1f} ms (limit {gates.max_p99_ratio}x)",
-                        report,
-                    )
-        return None, report
 
     async def _send(
         self, session: AsyncSession, rollout: Rollout, rd: RolloutDevice, now: datetime
@@ -802,12 +551,12 @@ class RolloutEngine:
                 if rd.sent_at is None:  # sent again: the timeout counts from the first send
                     rd.sent_at = now
                 rd.updated_at = now
-            elif rd.state == "reverting" and _utc(rd.sent_at) + timeout < now:
+            elif rd.state == "reverting" and required_utc(rd.sent_at) + timeout < now:
                 rd.state, rd.reason = (
                     "revert_timed_out",
                     "no answer to the rollback command in time",
                 )
-            elif rd.state == "reverting_pending" and _utc(rd.updated_at) + timeout < now:
+            elif rd.state == "reverting_pending" and required_utc(rd.updated_at) + timeout < now:
                 # it never reported the new version; its desired state no longer holds it
                 rd.state, rd.reason = "reverted", NEVER_REPORTED
         if not [d for d in rollout.devices if d.state in ("reverting", "reverting_pending")]:
@@ -859,55 +608,3 @@ async def _load_devices(session: AsyncSession, device_ids: list[str]) -> list[De
         chunk = device_ids[start : start + CHUNK]
         devices += (await session.execute(select(Device).where(Device.id.in_(chunk)))).scalars()
     return devices
-
-
-def _device_reason(event: UpdateEvent) -> str:
-    """An event's code and reason, the reason cut to :data:`REASON_LIMIT` characters: it is
-    the device's text, and it ends up in the rollout's own reason, the API and a
-    ModelRollout's status (whose messages Kubernetes caps)."""
-    reason = event.reason or ""
-    if len(reason) > REASON_LIMIT:
-        reason = reason[:REASON_LIMIT] + "... [truncated]"
-    return f"{event.code}: {reason}"
-
-
-async def _window(
-    session: AsyncSession,
-    model: str,
-    version: int,
-    device_ids: list[str],
-    since: datetime,
-    until: datetime,
-) -> dict[str, Any]:
-    """Requests, errors and request-weighted p99 of a model version on some devices, over the
-    windows the control plane received from ``since`` to ``until`` (its own clock)."""
-    if not device_ids:
-        return {"requests": 0, "errors": 0, "p99_ms": None}
-    t = TelemetrySample
-    with_p99 = case((t.p99_ms.is_not(None), t.requests), else_=0)
-    requests = errors = 0
-    weighted = weight = 0.0
-    for start in range(0, len(device_ids), CHUNK):
-        row = (
-            await session.execute(
-                select(
-                    func.coalesce(func.sum(t.requests), 0),
-                    func.coalesce(func.sum(t.errors), 0),
-                    func.coalesce(func.sum(t.p99_ms * with_p99), 0),
-                    func.coalesce(func.sum(with_p99), 0),
-                ).where(
-                    t.model == model,
-                    t.version == version,
-                    t.device_id.in_(device_ids[start : start + CHUNK]),
-                    t.received_at >= since,
-                    t.received_at <= until,
-                )
-            )
-        ).one()
-        requests, errors = requests + int(row[0]), errors + int(row[1])
-        weighted, weight = weighted + float(row[2]), weight + float(row[3])
-    return {
-        "requests": requests,
-        "errors": errors,
-        "p99_ms": float(weighted) / weight if weight else None,
-    }

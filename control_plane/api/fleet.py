@@ -27,7 +27,7 @@ from control_plane.db.models import Device, Rollout, RolloutDevice, TelemetrySam
 from control_plane.db.session import stored_utc
 from control_plane.errors import Invalid, NotFound
 from control_plane.presence import Presence
-from control_plane.rollouts import RolloutSpec
+from control_plane.rollout_spec import RolloutSpec
 
 router = APIRouter(prefix="/api/v1", tags=["Fleet"])
 LABELS = Query(default=[], description="key=value; repeat for several")

@@ -29,6 +29,17 @@ def stored_utc(at: datetime) -> datetime:
     return at if at.tzinfo else at.replace(tzinfo=UTC)
 
 
+def required_utc(at: datetime | None) -> datetime:
+    """A stored timestamp that must be set, as an aware UTC datetime.
+
+    Raises:
+        ValueError: it is not set.
+    """
+    if at is None:
+        raise ValueError("timestamp is not set")
+    return stored_utc(at)
+
+
 def sync_url(url: str) -> str:
     """The same database through a synchronous driver (for migrations)."""
     u = make_url(url)

@@ -23,7 +23,7 @@ from agent.protocol.messages import (
     UpdateEvent,
     UpdateState,
 )
-from control_plane.rollouts import REASON_LIMIT
+from control_plane.rollout_events import REASON_LIMIT
 from runtimes.examples.variants import mlp_version
 from tests.access.mqtt_client import ProbeClient
 from tests.agent.server import wait_until

@@ -1,0 +1,73 @@
+"""What an operator asks of a rollout: its targets, waves, timers and health gates, checked
+before anything is stored (a value out of range is a 400 naming the field)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_DURATION_S = 366 * 86400.0
+"""Longest bake time or device timeout a rollout takes (a year): past it a date overflows."""
+
+
+class Gates(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    max_error_rate: float = Field(default=0.01, ge=0, le=1)
+    max_p99_ratio: float = Field(default=2.0, gt=0, le=1e6)
+    min_requests: int = Field(default=20, ge=0)
+    """Below this many requests over a bake window, error rate and latency are not judged."""
+    self_test: bool = True
+    """Fail when any device's self-test fails."""
+    max_rejections: int = Field(default=0, ge=0)
+    """Devices that refused or rolled back the update locally before the rollout fails."""
+
+
+class RolloutSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    model: str
+    version: int = Field(ge=1, le=2**31 - 1)
+    selector: dict[str, str] = Field(default_factory=dict)
+    """Label selector: every label given must match (operator labels win over reported)."""
+    profiles: list[str] = Field(default_factory=list)
+    waves: list[str] = Field(default_factory=lambda: ["1", "10%", "50%", "100%"])
+    bake_time_s: float = Field(default=60.0, ge=0, le=MAX_DURATION_S)
+    device_timeout_s: float = Field(default=600.0, gt=0, le=MAX_DURATION_S)
+    gates: Gates = Field(default_factory=Gates)
+
+    @field_validator("waves", mode="before")
+    @classmethod
+    def _as_strings(cls, value: Any) -> Any:
+        return [str(v) for v in value] if isinstance(value, list) else value
+
+    @field_validator("waves")
+    @classmethod
+    def _wave_sizes(cls, waves: list[str]) -> list[str]:
+        if not waves:
+            raise ValueError("at least one wave")
+        for w in waves:
+            number = w[:-1] if w.endswith("%") else w
+            try:
+                value = float(number)
+            except ValueError:
+                raise ValueError(f"wave {w!r} is not a device count or a percentage") from None
+            if not math.isfinite(value) or value <= 0 or (w.endswith("%") and value > 100):
+                raise ValueError(f"wave {w!r} is out of range")
+            if not w.endswith("%") and not value.is_integer():
+                raise ValueError(f"wave {w!r} is not a whole number of devices")
+        return waves
+
+
+def wave_bounds(waves: Sequence[str], total: int) -> list[int]:
+    """Cumulative device counts per wave, never decreasing, the last covering its share."""
+    bounds, prev = [], 0
+    for w in waves:
+        n = math.ceil(total * float(w[:-1]) / 100) if w.endswith("%") else int(float(w))
+        n = max(prev, min(total, n))
+        bounds.append(n)
+        prev = n
+    return bounds
