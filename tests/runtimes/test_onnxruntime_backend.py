@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +86,30 @@ def test_versions_differing_only_in_external_data_keep_their_own_weights(tmp_pat
     settings = RuntimeSettings(cache_dir=tmp_path / "cache")
     assert _first(v1, settings) == 64.0
     assert _first(v2, settings) == 128.0
+
+
+def test_caching_a_model_without_external_data_does_not_import_onnx(tmp_path: Path) -> None:
+    """Parsing every model with onnx to look for external data cost the agent about 7 MB of
+    resident memory at idle; only a model holding the external-data key is parsed."""
+    model = _matmul(tmp_path / "m/1/model.onnx", 1.0, external=False)
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from runtimes.backends import open_model\n"
+        "from runtimes.base import Placement\n"
+        "from runtimes.settings import RuntimeSettings\n"
+        f"settings = RuntimeSettings(cache_dir=Path({str(tmp_path / 'cache')!r}))\n"
+        "placement = Placement(runtime='onnxruntime', device='CPU',\n"
+        "                      providers=('CPUExecutionProvider',))\n"
+        "for _ in range(2):  # writes the cache, then reads it\n"
+        f"    open_model(Path({str(model)!r}), placement, settings).close()\n"
+        "print('onnx' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "False", out.stderr
+    assert _cache_entries(tmp_path / "cache")
 
 
 def test_truncated_cache_entry_is_replaced_and_the_model_loads(
