@@ -194,9 +194,15 @@ class Outbox:
             self._refused(exc, "ack")
 
     def __len__(self) -> int:
-        """Messages waiting for the broker."""
-        stored = int(self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
-        return stored - len(self._acked)
+        """Messages waiting for the broker: the rows stored and not acknowledged, counted in one
+        statement. (Stored rows less the acknowledged ids was wrong while acknowledged rows were
+        being deleted, negative when read from another thread meanwhile, and wrong for an
+        acknowledged id no longer stored.)"""
+        acked = set(self._acked)
+        if not acked:
+            return int(self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+        ids = self._db.execute("SELECT id FROM outbox").fetchall()
+        return sum(1 for (i,) in ids if i not in acked)
 
     def size_bytes(self) -> int:
         return int(
