@@ -19,7 +19,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from agent.fleet.state import write_atomically
+from agent.fleet.state import fsync_path, write_atomically
 from agent.protocol.signing import SigningKey, TrustRoot
 from control_plane.bus import FleetBus
 from control_plane.db.models import TrustRootRecord
@@ -197,7 +197,7 @@ class TrustManager:
         # happened to the files before
         write_atomically(self._archive_path(old.key_id), old.to_pem())
         os.replace(self._pending_path(), self.keys.manifest_key_path)
-        _fsync_dir(self.keys.manifest_key_path.parent)
+        fsync_path(self.keys.manifest_key_path.parent)
         self.keys.manifest_key = new_key
 
     def _settle_manifest_key(self, current: TrustRoot) -> None:
@@ -254,11 +254,3 @@ class TrustManager:
         payload = json.dumps(record.envelope).encode()
         write_atomically(self.export_path, payload)
         self.bus.publish_retained(self.bus.topics.trust, payload)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

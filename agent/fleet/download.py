@@ -7,7 +7,6 @@ import asyncio
 import errno
 import hashlib
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from agent.fleet.settings import FleetSettings
+from agent.fleet.state import fsync_path
 from agent.fleet.store import ModelStore, is_disk_full
 from agent.protocol.errors import ProtocolError, Rejection
 from agent.protocol.messages import FileRef, UpdateState
@@ -76,14 +76,6 @@ def _matches(path: Path, ref: FileRef) -> bool:
     return path.stat().st_size == ref.size and _sha256(path) == ref.sha256
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 async def _download(
     client: httpx.AsyncClient,
     ref: FileRef,
@@ -133,9 +125,9 @@ async def _download(
         )
     # Durable before and after the rename: a power loss must not leave a ``.blob`` whose
     # name promises bytes that never reached the disk.
-    await asyncio.to_thread(_fsync, part)
+    await asyncio.to_thread(fsync_path, part)
     part.replace(done)
-    await asyncio.to_thread(_fsync, done.parent)
+    await asyncio.to_thread(fsync_path, done.parent)
     return done
 
 

@@ -54,11 +54,16 @@ def write_atomically(path: Path, data: bytes) -> None:
     except BaseException:
         Path(scratch).unlink(missing_ok=True)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync_path(path.parent)
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory by its path (a directory, for the names it holds)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
 
 
 class StateFiles:
