@@ -198,11 +198,16 @@ def test_two_rotations_at_once_follow_each_other(tmp_path: Path) -> None:
         async with started(cp) as (services, trust):
             k0 = services.keys.manifest_key.key_id
             device = Device.provisioned(cp)
-            # a slow database: another writer holds it for half a second, long enough for
-            # both rotations to be under way (a CLI retry after a timeout, two admins)
+            # a slow database: another writer holds it until both rotations are under way (a
+            # CLI retry after a timeout, two admins): the first has written its next key and
+            # waits to store trust root 2
             db.execute("BEGIN EXCLUSIVE")
             both = asyncio.gather(trust.rotate(), trust.rotate())
-            await asyncio.sleep(0.5)
+            pending = manifest_file(cp).with_name(manifest_file(cp).name + ".next")
+            for _ in range(500):  # 5 s at most: without the lock both may fail first
+                if pending.exists() or both.done():
+                    break
+                await asyncio.sleep(0.01)
             db.execute("ROLLBACK")
             k1, k2 = await both
             current = await trust.current()
