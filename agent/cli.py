@@ -91,6 +91,14 @@ def _print_report(report: dict) -> None:  # type: ignore[type-arg]
         f"{(m['memory_total_bytes'] or 0) / 2**30:.1f} GiB"
         + (f", device tree {m['device_tree_model']!r}" if m["device_tree_model"] else "")
     )
+    if m["memory_limit_bytes"] or m["cpu_quota"]:
+        memory = m["memory_limit_bytes"]
+        click.echo(
+            "cgroup:   "
+            + (f"memory limit {memory / 2**30:.2f} GiB" if memory else "no memory limit")
+            + (f", CPU quota {m['cpu_quota']:g}" if m["cpu_quota"] else ", no CPU quota")
+            + f" ({m['usable_cpus']} CPUs used)"
+        )
     budget = report["memory_budget_bytes"]
     click.echo(f"budget:   {budget / 2**30:.1f} GiB for models" if budget else "budget:   none")
     accel = report["accelerators"]

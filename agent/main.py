@@ -42,7 +42,7 @@ def build_state(
     )
     accelerators = AcceleratorProbe(settings.hardware_root)
     metrics = AgentMetrics(hourly_cost=settings.device_hourly_cost, accelerators=accelerators)
-    cpu_count = hardware.facts.cpu_count or os.cpu_count() or 1
+    cpu_count = hardware.facts.usable_cpus
     manager = ModelManager(
         settings.model_repository,
         hardware,

@@ -84,6 +84,9 @@ class ModelManager:
         self.hardware = hardware
         self.runtime_settings = runtime_settings
         self.cpu_count = cpu_count
+        # a cgroup quota or cpuset below the processors: the runtimes must not size their
+        # thread pools by the processors they see (runtimes.hardware.cgroup)
+        self.cpus_limited = hardware.facts.usable_cpus < hardware.facts.cpu_count
         self.models: dict[str, ModelEntry] = {}
         self._load_lock = asyncio.Lock()  # loads are rare; one at a time keeps memory honest
         self._retiring: set[asyncio.Task[None]] = set()
@@ -239,6 +242,7 @@ class ModelManager:
                     config,
                     self.cpu_count,
                     self.runtime_factory,
+                    cpus_limited=self.cpus_limited,
                 )
                 try:
                     ran = warm_up(runtimes, version_dir, config)

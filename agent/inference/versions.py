@@ -120,12 +120,16 @@ def open_instances(
     config: ModelConfig,
     cpu_count: int,
     factory: RuntimeFactory = open_model,
+    *,
+    cpus_limited: bool = False,
 ) -> tuple[list[Runtime], int]:
-    """Load one runtime per instance (blocking), splitting CPU threads between them.
+    """Load one runtime per instance (blocking), splitting ``cpu_count`` threads between them
+    when there are several instances, or when ``cpus_limited`` (a container's CPU quota or
+    cpuset, which ONNX Runtime and OpenVINO do not see when they size their thread pools).
 
     Returns the runtimes and the resident memory they added.
     """
-    if config.instances > 1 and settings.intra_op_threads == 0:
+    if settings.intra_op_threads == 0 and (config.instances > 1 or cpus_limited):
         threads = max(1, cpu_count // config.instances)
         settings = settings.model_copy(update={"intra_op_threads": threads})
     rss_before = psutil.Process().memory_info().rss

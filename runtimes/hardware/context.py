@@ -70,7 +70,7 @@ class HardwareContext:
 
     @property
     def memory_budget_bytes(self) -> int | None:
-        return self.profile.memory_budget_bytes(self.facts.memory_total_bytes)
+        return self.profile.memory_budget_bytes(self.facts.usable_memory_bytes)
 
     def describe(self) -> dict[str, Any]:
         """A JSON-able report: machine, profile and why, runtimes, accelerators."""
@@ -85,6 +85,9 @@ class HardwareContext:
                 "cpu_count": f.cpu_count,
                 "device_tree_model": f.device_tree_model,
                 "memory_total_bytes": f.memory_total_bytes,
+                "memory_limit_bytes": f.memory_limit_bytes,
+                "cpu_quota": f.cpu_quota,
+                "usable_cpus": f.usable_cpus,
             },
             "memory_budget_bytes": self.memory_budget_bytes,
             "accelerators": f.accelerators(),

@@ -6,9 +6,13 @@ Tests point the root at a fake tree built for each profile; on a device it is ``
 from __future__ import annotations
 
 import glob
+import math
+import os
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from runtimes.hardware.cgroup import read_limits
 
 ACCELERATOR_NODES = {
     "Intel NPU": "/dev/accel/accel*",
@@ -31,6 +35,29 @@ class MachineFacts:
     device_tree_model: str | None
     memory_total_bytes: int | None
     usb_ids: frozenset[str] = field(default_factory=frozenset)
+    memory_limit_bytes: int | None = None
+    """The control group's memory limit (a container's), if it has one
+    (:mod:`runtimes.hardware.cgroup`)."""
+    cpu_quota: float | None = None
+    """CPUs' worth of time the control group's quota allows, if it has one."""
+    affinity_cpus: int | None = None
+    """CPUs this process may run on (a cpuset), read for the real root only."""
+
+    @property
+    def usable_memory_bytes(self) -> int | None:
+        """Physical memory, or the control group's limit where that is lower."""
+        known = [m for m in (self.memory_total_bytes, self.memory_limit_bytes) if m]
+        return min(known) if known else None
+
+    @property
+    def usable_cpus(self) -> int:
+        """CPUs the agent can keep busy: the processors, the cpuset's and the quota's (rounded
+        up: a quota of 1.5 CPUs keeps two threads busy three quarters of the time), whichever
+        is fewest; at least one."""
+        limits = [n for n in (self.cpu_count, self.affinity_cpus) if n]
+        if self.cpu_quota:
+            limits.append(math.ceil(self.cpu_quota))
+        return max(1, min(limits)) if limits else 1
 
     def present(self, token: str) -> bool:
         """Whether a path (glob) under the root, or ``usb:VVVV:PPPP``, exists."""
@@ -57,6 +84,12 @@ def probe_machine(root: Path = Path("/")) -> MachineFacts:
     cpuinfo = _read(root / "proc/cpuinfo") or ""
     dt_model = _read(root / "proc/device-tree/model")
     meminfo = _read(root / "proc/meminfo") or ""
+    limits = read_limits(root)
+    affinity = (
+        len(os.sched_getaffinity(0))
+        if root == Path("/") and hasattr(os, "sched_getaffinity")
+        else None
+    )
     return MachineFacts(
         root=root,
         architecture=_architecture(root),
@@ -65,6 +98,9 @@ def probe_machine(root: Path = Path("/")) -> MachineFacts:
         device_tree_model=dt_model.strip("\x00\n ") if dt_model else None,
         memory_total_bytes=_mem_total(meminfo),
         usb_ids=_usb_ids(root),
+        memory_limit_bytes=limits.memory_bytes,
+        cpu_quota=limits.cpus,
+        affinity_cpus=affinity,
     )
 
 
