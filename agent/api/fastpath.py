@@ -17,6 +17,7 @@ errors, its own body limit: the handler enforces ``max_request_bytes`` itself).
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -24,9 +25,17 @@ from agent.api import v2
 from agent.api.admission import Admission
 from agent.api.context import Context, begin, finish
 from agent.api.errors import error_parts, log_if_failed
-from agent.api.http_protocol import respond
+from agent.api.http_protocol import (
+    CONNECTION_KEY,
+    Connection,
+    DirectApp,
+    respond,
+    respond_when_drained,
+)
 from agent.api.state import ApiState
-from agent.errors import ShuttingDownError
+from agent.api.transport import decoded_body
+from agent.errors import AgentError, ShuttingDownError
+from agent.inference.service import InferResponse
 
 
 def _error_answer(exc: Exception) -> v2.Answer:
@@ -70,6 +79,8 @@ class InferFastPath:
         self.state = state
         self.admission = admission
         self.access_log = access_log
+        self.direct_app: DirectApp = self
+        """What the agent's protocol asks to answer infer requests without an ASGI task."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = (
@@ -107,3 +118,72 @@ class InferFastPath:
                 await send({"type": "http.response.body", "body": body})
         finally:
             finish(scope, context, status, access_log=self.access_log)
+
+    # -- answered from the connection's callbacks ------------------------------------------
+
+    def takes(self, scope: Scope) -> bool:
+        """Whether :meth:`start` answers this request once its body is complete, without an
+        ASGI task (:class:`agent.api.http_protocol.BoundedHttpProtocol` asks)."""
+        route = infer_route(scope["path"]) if scope["method"] == "POST" else None
+        if route is None:
+            return False
+        try:  # a model not served is answered by the task path before its body comes
+            self.state.service.resolve(*route)
+        except AgentError:
+            return False
+        return True
+
+    def start(self, scope: Scope, body: bytes, tasks: set[Any]) -> None:
+        """Answer an infer request whose body is complete, called from the connection's
+        protocol: decode and queue it now, and write the answer from the result's callback.
+        The same work as :meth:`__call__` without a task, its ``receive`` and its awaits per
+        request (``cnn``, binary, concurrency 8: the event loop's time per request, and so the
+        cores the sessions lose, is what sets the rate there). The answer's future joins
+        ``tasks`` (uvicorn's), so that a shutdown waits for it as for a task and cancels it
+        at the end of the grace period."""
+        context = begin(scope)
+        route = infer_route(scope["path"])
+        assert route is not None  # takes() said so
+        try:
+            self.admission.check(scope)
+            headers = dict(scope["headers"])
+            body = decoded_body(body, headers, self.state.settings.max_request_bytes)
+            call = v2.start_infer(self.state, scope, headers, body, *route, context.started)
+        except Exception as exc:  # a bug answers 500 with the error body, and is logged
+            log_if_failed(scope["path"], exc)
+            self._write(scope, context, _error_answer(exc), tasks)
+            return
+        connection: Connection = scope[CONNECTION_KEY]
+        answer = call.answer
+        tasks.add(answer)
+
+        def gone() -> None:
+            answer.cancel()
+
+        def done(_: asyncio.Future[InferResponse]) -> None:
+            tasks.discard(answer)
+            if connection.lost:
+                finish(scope, context, 499, access_log=self.access_log)
+                return
+            connection.forget(gone)
+            try:
+                if answer.cancelled():  # by the server at the end of the shutdown's grace
+                    raise ShuttingDownError("the agent shut down before this request was answered")
+                response = call.respond(answer.result())
+            except Exception as exc:
+                log_if_failed(scope["path"], exc)
+                response = _error_answer(exc)
+            self._write(scope, context, response, tasks)
+
+        if connection.lost:
+            answer.cancel()
+        else:
+            connection.on_lost(gone)
+        answer.add_done_callback(done)
+
+    def _write(self, scope: Scope, context: Context, answer: v2.Answer, tasks: set[Any]) -> None:
+        status, headers, body = answer
+        framed = _framed(headers, body, context)
+        if not respond(scope, status, framed, body):  # the client is not reading yet
+            respond_when_drained(scope, status, framed, body, tasks)
+        finish(scope, context, status, access_log=self.access_log)

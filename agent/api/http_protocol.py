@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import httptools
 import numpy as np
@@ -107,6 +107,18 @@ class Connection:
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
+
+
+class DirectApp(Protocol):
+    """An app that answers some requests from the connection's callbacks, without an ASGI
+    task: the ASGI app uvicorn runs names it ``direct_app``."""
+
+    def takes(self, scope: Scope) -> bool:
+        """Whether :meth:`start` answers this request (asked once its head is parsed)."""
+
+    def start(self, scope: Scope, body: bytes, tasks: set[Any]) -> None:
+        """Answer the request, whose body is complete; never raises. Its own futures and
+        tasks join ``tasks``, uvicorn's, which a shutdown waits for."""
 
 
 class _HeadHeld:
@@ -190,6 +202,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._whole: memoryview | None = None  # the body being collected whole, if it is
         self._filled = 0
         self._connection = Connection()
+        self._heads_up = False
+        self._direct: DirectApp | None = None  # answers the request whose body is read
         self._writer = _HeadHeld(self.transport)
         # The connection is refused at its first request, with a proper HTTP answer.
         self._over_limit = len(self.connections) > self.limits.max_connections
@@ -251,6 +265,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         # in the same read as that end kept it armed and was cut off after keep_alive_s.
         self._unset_keepalive_if_required()
         super().on_message_begin()
+        self._direct = None
         self.scope[CONNECTION_KEY] = self._connection  # type: ignore[literal-required]
         self._head_bytes = 0
         self._declared = -1
@@ -304,12 +319,32 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self._counted += 1
         self._in_body = True
         previous = self.cycle
-        super().on_headers_complete()
+        self._heads_up = True  # _start_asgi_task: called for this request's head
+        try:
+            super().on_headers_complete()
+        finally:
+            self._heads_up = False
         if self.cycle is not previous:  # a request cycle was made (not an upgrade)
             self.cycle.transport = self._writer  # type: ignore[assignment]
             self.scope[CYCLE_KEY] = self.cycle  # type: ignore[literal-required]
             if 0 < self._declared <= self.limits.whole_body_bytes:
                 self._collect_whole(self._declared)
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """A request the app answers from :meth:`on_message_complete` gets no ASGI task: its
+        body collected whole, it is handed over as it is (:class:`DirectApp`). Others, and a
+        pipelined request started after the one before it, get uvicorn's task."""
+        direct: DirectApp | None = getattr(app, "direct_app", None)
+        if (
+            direct is not None
+            and self._heads_up
+            and 0 < self._declared <= self.limits.whole_body_bytes
+            and not self.expect_100_continue  # the client waits for a receive() to go on
+            and direct.takes(cycle.scope)  # type: ignore[arg-type]
+        ):
+            self._direct = direct
+            return
+        super()._start_asgi_task(cycle, app)
 
     def _collect_whole(self, size: int) -> None:
         """Collect the body into one buffer of its declared size, and wake the handler once,
@@ -368,6 +403,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             )
             return
         super().on_message_complete()
+        direct, self._direct = self._direct, None
+        cycle = self.cycle
+        if direct is not None and cycle is not None and not cycle.response_complete:
+            body, cycle.body = cycle.body, bytearray()
+            # a memoryview of the buffer the kernel read the body into, or the bytearray
+            direct.start(cycle.scope, body, self.tasks)  # type: ignore[arg-type]
 
     def send_400_response(self, msg: str) -> None:
         if not self._answered:  # a refusal of ours stopped the parser: it already answered
@@ -494,6 +535,22 @@ def respond(scope: Scope, status: int, headers: list[tuple[bytes, bytes]], body:
         cycle.transport.close()
     cycle.on_response()
     return True
+
+
+def respond_when_drained(
+    scope: Scope, status: int, headers: list[tuple[bytes, bytes]], body: bytes, tasks: set[Any]
+) -> None:
+    """:func:`respond` once the client has read what it was sent, as uvicorn's ``send`` waits
+    for it, in a task that joins ``tasks`` (uvicorn's: a shutdown waits for it)."""
+    cycle: RequestResponseCycle = scope[CYCLE_KEY]
+
+    async def when_drained() -> None:
+        await cycle.flow.drain()
+        respond(scope, status, headers, body)
+
+    task = asyncio.get_running_loop().create_task(when_drained(), name="respond-when-drained")
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
 
 
 def _response(status: int, code: str, message: str, retry_after_s: int, *, close: bool) -> bytes:

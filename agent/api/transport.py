@@ -49,6 +49,13 @@ async def receive_body(
     # one chunk (a body collected whole, agent.api.http_protocol) is taken as it is: a join
     # would copy it
     body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return decoded_body(body, headers, limit, setting)
+
+
+def decoded_body(
+    body: bytes, headers: dict[bytes, bytes], limit: int, setting: str = "max_request_bytes"
+) -> bytes:
+    """A whole body as its ``Content-Encoding`` says, inflated within ``limit`` bytes."""
     encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").lower()
     if encoding in ("gzip", "deflate"):
         body = _inflate(body, encoding, limit, setting)

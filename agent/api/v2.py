@@ -3,7 +3,9 @@ model configuration and schedule-policy extensions."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -21,9 +23,14 @@ from agent.api.transport import (
     server_timing,
     until_disconnect,
 )
-from agent.api.v2_codec import check_classification, decode_request, encode_response
+from agent.api.v2_codec import (
+    DecodedRequest,
+    check_classification,
+    decode_request,
+    encode_response,
+)
 from agent.errors import RequestError
-from agent.inference.service import InferRequest
+from agent.inference.service import InferRequest, InferResponse
 from agent.inference.versions import LoadedVersion
 
 router = APIRouter(tags=["KServe V2"])
@@ -160,7 +167,8 @@ async def infer(request: Request, model_name: str, model_version: str | None = N
     return Response(body, status, headers={k.decode(): v.decode() for k, v in headers})
 
 
-Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+Headers = list[tuple[bytes, bytes]]
+Answer = tuple[int, Headers, bytes]
 """Status, headers (the content type among them, not its length) and body."""
 JSON_TYPE = (b"content-type", b"application/json")
 _BINARY = (b"content-type", b"application/octet-stream")
@@ -173,10 +181,72 @@ async def handle_infer(
     started = time.monotonic()
     context = request_context(scope)
     context["model"], context["version"] = model_name, model_version
-    limits = state.settings
-    lv = state.service.resolve(model_name, model_version)
     headers = dict(scope["headers"])
-    body = await receive_body(receive, headers, limits.max_request_bytes)
+    state.service.resolve(model_name, model_version)  # an unknown model before its body
+    body = await receive_body(receive, headers, state.settings.max_request_bytes)
+    call = start_infer(state, scope, headers, body, model_name, model_version, started)
+    try:
+        result = await until_disconnect(scope, receive, _wait(call.answer))
+    except ClientGone:
+        return 499, [], b""
+    return call.respond(result)
+
+
+async def _wait(future: asyncio.Future[InferResponse]) -> InferResponse:
+    try:
+        return await future
+    except BaseException:
+        future.cancel()
+        raise
+
+
+@dataclass(frozen=True, slots=True)
+class InferCall:
+    """A V2 infer request queued for its model: the answer to wait for, and what writing the
+    response needs."""
+
+    answer: asyncio.Future[InferResponse]
+    decoded: DecodedRequest
+    context: dict[str, Any]
+    started: float
+
+    def respond(self, result: InferResponse) -> Answer:
+        """The response to the request, from its result."""
+        decoded, context = self.decoded, self.context
+        request_id = decoded.id if decoded.id is not None else context["request_id"]
+        payload, json_length = encode_response(
+            result.model,
+            result.version,
+            request_id,
+            result.outputs,
+            decoded.outputs,
+            decoded.binary_output_default,
+        )
+        total = time.monotonic() - self.started
+        context["model"], context["version"] = result.model, result.version
+        context["queue_ms"] = round(result.queue_s * 1000, 3)
+        context["compute_ms"] = round(result.compute_s * 1000, 3)
+        timing = (b"server-timing", server_timing(result.queue_s, result.compute_s, total).encode())
+        if json_length is None:
+            return 200, [JSON_TYPE, timing], payload
+        length = (b"inference-header-content-length", b"%d" % json_length)
+        return 200, [_BINARY, timing, length], payload
+
+
+def start_infer(
+    state: ApiState,
+    scope: Scope,
+    headers: dict[bytes, bytes],
+    body: bytes,
+    model_name: str,
+    model_version: str | None,
+    started: float,
+) -> InferCall:
+    """Decode and check an infer request's (whole) body and queue it; a request at fault
+    raises here, before anything is queued."""
+    context = request_context(scope)
+    context["model"], context["version"] = model_name, model_version
+    lv = state.service.resolve(model_name, model_version)
     header = headers.get(b"inference-header-content-length")
     if header is not None and not header.strip().isdigit():
         raise RequestError(
@@ -194,7 +264,7 @@ async def handle_infer(
         body,
         int(header) if header is not None else None,
         lv.signature,
-        max_elements=limits.max_tensor_elements,
+        max_elements=state.settings.max_tensor_elements,
     )
     check_classification(decoded.outputs, lv.signature)
     params = decoded.parameters
@@ -221,25 +291,4 @@ async def handle_infer(
         priority,
         timeout,
     )
-    try:
-        result = await until_disconnect(scope, receive, state.service.infer(infer_request))
-    except ClientGone:
-        return 499, [], b""
-    request_id = decoded.id if decoded.id is not None else context["request_id"]
-    payload, json_length = encode_response(
-        result.model,
-        result.version,
-        request_id,
-        result.outputs,
-        decoded.outputs,
-        decoded.binary_output_default,
-    )
-    total = time.monotonic() - started
-    context["model"], context["version"] = result.model, result.version
-    context["queue_ms"] = round(result.queue_s * 1000, 3)
-    context["compute_ms"] = round(result.compute_s * 1000, 3)
-    timing = (b"server-timing", server_timing(result.queue_s, result.compute_s, total).encode())
-    if json_length is None:
-        return 200, [JSON_TYPE, timing], payload
-    length = (b"inference-header-content-length", b"%d" % json_length)
-    return 200, [_BINARY, timing, length], payload
+    return InferCall(state.service.submit(infer_request), decoded, context, started)

@@ -249,38 +249,80 @@ class Batcher:
     async def infer(
         self, inputs: Arrays, rows: int, *, priority: int, timeout_s: float | None
     ) -> ItemResult:
-        """Queue a (validated) request, splitting it if it has more rows than a batch holds."""
-        if rows <= self.max_rows or not self.batched:
-            futures = [self._submit(inputs, rows, priority, timeout_s)]
-        else:
-            pieces = range(0, rows, self.max_rows)
-            if self._pending + len(pieces) > self.config.max_queue_size:
-                raise self._overloaded()
-            futures = [
-                self._submit(
-                    {k: v[s : s + self.max_rows] for k, v in inputs.items()},
-                    min(self.max_rows, rows - s),
-                    priority,
-                    timeout_s,
-                )
-                for s in pieces
-            ]
+        """Queue a (validated) request and wait for its result (:meth:`submit`)."""
+        future = self.submit(inputs, rows, priority=priority, timeout_s=timeout_s)
         try:
-            results = [await f for f in futures]
+            return await future
         except BaseException:
-            for f in futures:
-                f.cancel()  # the scheduler drops cancelled requests that have not run
-            self._changed.set()
+            self.cancel(future)
             raise
-        if len(results) == 1:
-            return results[0]
-        outputs = {k: np.concatenate([r.outputs[k] for r in results]) for k in results[0].outputs}
-        return ItemResult(
-            outputs,
-            queue_s=max(r.queue_s for r in results),
-            compute_s=sum(r.compute_s for r in results),
-            batch_rows=max(r.batch_rows for r in results),
-        )
+
+    def cancel(self, future: asyncio.Future[ItemResult]) -> None:
+        """Give up on a request :meth:`submit` queued: dropped if it has not run yet."""
+        future.cancel()
+        self._changed.set()
+
+    def submit(
+        self, inputs: Arrays, rows: int, *, priority: int, timeout_s: float | None
+    ) -> asyncio.Future[ItemResult]:
+        """Queue a (validated) request, splitting it if it has more rows than a batch holds.
+        Cancelling the future drops what has not run yet."""
+        if rows <= self.max_rows or not self.batched:
+            return self._submit(inputs, rows, priority, timeout_s)
+        pieces = range(0, rows, self.max_rows)
+        if self._pending + len(pieces) > self.config.max_queue_size:
+            raise self._overloaded()
+        futures = [
+            self._submit(
+                {k: v[s : s + self.max_rows] for k, v in inputs.items()},
+                min(self.max_rows, rows - s),
+                priority,
+                timeout_s,
+            )
+            for s in pieces
+        ]
+        whole: asyncio.Future[ItemResult] = asyncio.get_running_loop().create_future()
+
+        def piece_done(_: asyncio.Future[ItemResult]) -> None:
+            if whole.done():
+                return
+            failed = next(
+                (
+                    f.exception()
+                    for f in futures
+                    if f.done() and not f.cancelled() and f.exception()
+                ),
+                None,
+            )
+            if failed is not None:
+                whole.set_exception(failed)
+                for f in futures:
+                    f.cancel()
+                self._changed.set()
+            elif all(f.done() for f in futures):
+                results = [f.result() for f in futures]
+                outputs = {
+                    k: np.concatenate([r.outputs[k] for r in results]) for k in results[0].outputs
+                }
+                whole.set_result(
+                    ItemResult(
+                        outputs,
+                        queue_s=max(r.queue_s for r in results),
+                        compute_s=sum(r.compute_s for r in results),
+                        batch_rows=max(r.batch_rows for r in results),
+                    )
+                )
+
+        def whole_done(_: asyncio.Future[ItemResult]) -> None:
+            if whole.cancelled():
+                for f in futures:
+                    f.cancel()  # the scheduler drops cancelled requests that have not run
+                self._changed.set()
+
+        for f in futures:
+            f.add_done_callback(piece_done)
+        whole.add_done_callback(whole_done)
+        return whole
 
     def _submit(
         self, inputs: Arrays, rows: int, priority: int, timeout_s: float | None

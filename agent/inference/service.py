@@ -7,12 +7,14 @@ statistics and metrics. It knows nothing of HTTP.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from agent.errors import AgentError, RequestError, ShuttingDownError
+from agent.inference.batcher import ItemResult
 from agent.inference.manager import ModelManager
 from agent.inference.versions import LoadedVersion
 from agent.metrics import AgentMetrics
@@ -59,59 +61,107 @@ class InferenceService:
         return self.manager.resolve(model, version)
 
     async def infer(self, request: InferRequest) -> InferResponse:
+        """Run ``request`` through its model's batcher (:meth:`submit`) and wait for it."""
+        future = self.submit(request)
+        try:
+            return await future
+        except BaseException:
+            future.cancel()  # the batcher drops it if it has not run
+            raise
+
+    def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
+        """Validate ``request`` and queue it; errors found now are raised, later ones end the
+        future. Cancelling the future drops the request if it has not run yet."""
         if not self.accepting:
             raise ShuttingDownError("the agent is shutting down")
         lv = self.manager.resolve(request.model, request.version)
-        lv.acquire()  # no await between resolve and acquire: a swap cannot slip in
+        lv.acquire()  # resolved and acquired in one step: a swap cannot slip in
         version = str(lv.version)
         started = time.monotonic()
         try:
-            rows = lv.signature.validate_inputs(request.inputs)
-            if rows is not None and rows > self.max_rows_per_request:
-                raise RequestError(
-                    f"inputs: {rows} rows exceed the limit of {self.max_rows_per_request} "
-                    "per request (max_rows_per_request)",
-                    field="inputs",
-                )
-            wanted = self._check_outputs(lv, request.outputs)
-            batching = lv.config.batching
-            priority = request.priority or batching.default_priority
-            if not 1 <= priority <= batching.priority_levels:
-                raise RequestError(
-                    f"parameters.priority {request.priority} is outside "
-                    f"1..{batching.priority_levels} (model {lv.model} has "
-                    f"{batching.priority_levels} priority levels)",
-                    field="parameters.priority",
-                )
-            timeout_us = (
-                batching.default_timeout_us if request.timeout_us is None else request.timeout_us
-            )
-            if timeout_us < 0:
-                raise RequestError(
-                    "parameters.timeout must not be negative", field="parameters.timeout"
-                )
-            result = await lv.batcher.infer(
-                request.inputs, rows or 1, priority=priority, timeout_s=timeout_us / 1e6 or None
+            rows, wanted, priority, timeout_s = self._admit(lv, request)
+            queued = lv.batcher.submit(
+                request.inputs, rows or 1, priority=priority, timeout_s=timeout_s
             )
         except (AgentError, RuntimeFailure) as exc:
+            lv.release()
             lv.stats.record_failure(time.monotonic() - started, exc.code)
             self.metrics.observe_failure(lv.model, version, exc.code)
             raise
-        finally:
+        except BaseException:
             lv.release()
-        total = time.monotonic() - started
-        lv.stats.record_success(total, result.queue_s, result.compute_s)
-        self.metrics.observe_success(lv.model, version, total, result.queue_s, result.compute_s)
-        outputs = result.outputs if wanted is None else {k: result.outputs[k] for k in wanted}
-        return InferResponse(
-            lv.model,
-            version,
-            outputs,
-            result.queue_s,
-            result.compute_s,
-            result.batch_rows,
-            {t.name: t.datatype for t in lv.signature.outputs},
+            raise
+        answer: asyncio.Future[InferResponse] = asyncio.get_running_loop().create_future()
+
+        def ran(done: asyncio.Future[ItemResult]) -> None:
+            lv.release()
+            if done.cancelled():
+                answer.cancel()
+                return
+            exc = done.exception()
+            if exc is not None:
+                if isinstance(exc, AgentError | RuntimeFailure):
+                    lv.stats.record_failure(time.monotonic() - started, exc.code)
+                    self.metrics.observe_failure(lv.model, version, exc.code)
+                if not answer.done():
+                    answer.set_exception(exc)
+                return
+            result = done.result()
+            total = time.monotonic() - started
+            lv.stats.record_success(total, result.queue_s, result.compute_s)
+            self.metrics.observe_success(lv.model, version, total, result.queue_s, result.compute_s)
+            if answer.done():  # given up on while it ran
+                return
+            outputs = result.outputs if wanted is None else {k: result.outputs[k] for k in wanted}
+            answer.set_result(
+                InferResponse(
+                    lv.model,
+                    version,
+                    outputs,
+                    result.queue_s,
+                    result.compute_s,
+                    result.batch_rows,
+                    {t.name: t.datatype for t in lv.signature.outputs},
+                )
+            )
+
+        def given_up(done: asyncio.Future[InferResponse]) -> None:
+            if done.cancelled() and not queued.done():
+                lv.batcher.cancel(queued)
+
+        queued.add_done_callback(ran)
+        answer.add_done_callback(given_up)
+        return answer
+
+    def _admit(
+        self, lv: LoadedVersion, request: InferRequest
+    ) -> tuple[int | None, list[str] | None, int, float | None]:
+        """Rows, wanted outputs, priority level and queue timeout of a request, checked."""
+        rows = lv.signature.validate_inputs(request.inputs)
+        if rows is not None and rows > self.max_rows_per_request:
+            raise RequestError(
+                f"inputs: {rows} rows exceed the limit of {self.max_rows_per_request} "
+                "per request (max_rows_per_request)",
+                field="inputs",
+            )
+        wanted = self._check_outputs(lv, request.outputs)
+        batching = lv.config.batching
+        priority = request.priority or batching.default_priority
+        if not 1 <= priority <= batching.priority_levels:
+            raise RequestError(
+                f"parameters.priority {request.priority} is outside "
+                f"1..{batching.priority_levels} (model {lv.model} has "
+                f"{batching.priority_levels} priority levels)",
+                field="parameters.priority",
+            )
+        timeout_us = (
+            batching.default_timeout_us if request.timeout_us is None else request.timeout_us
         )
+        if timeout_us < 0:
+            raise RequestError(
+                "parameters.timeout must not be negative", field="parameters.timeout"
+            )
+        return rows, wanted, priority, timeout_us / 1e6 or None
 
     @staticmethod
     def _check_outputs(lv: LoadedVersion, names: list[str] | None) -> list[str] | None:
