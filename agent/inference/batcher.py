@@ -20,6 +20,13 @@ that many unless the batch would be full. Two groups then alternate, one computi
 other crosses HTTP. With steady light load the aim is what is queued and nothing waits; after
 a real drop in load one request is held once.
 
+Each instance has a thread of its own; formed batches go to a queue the threads share, and
+the first free thread takes the next. Besides one batch per instance, one full batch (a request,
+without batching) may wait in that queue, so that an instance that finishes starts again at
+once instead of waiting for the event loop to hear of it and hand it more work. Such a batch is
+taken back into the queues if a request of a higher priority comes, if one of its requests
+times out or is given up, or when the batcher closes, as long as no thread has started it.
+
 Outputs are split back by rows after checking each output has the summed row count; a batch
 whose outputs do not (a model whose first dimension is dynamic but not the batch) is run again
 one request at a time, as a failing batch is.
@@ -27,27 +34,30 @@ one request at a time, as a failing batch is.
 A failing batch fails only its own requests, and of those only the ones at fault: some
 failures depend on one request's data and show only when the model runs (an index past an
 embedding table, a string that is not UTF-8), so a batch of several requests that fails that
-way is run again one request at a time (:func:`_run_batch`). A request that times out in the
-queue is answered with :class:`DeadlineExceededError` and never run; one whose
-caller went away (its future cancelled) is dropped.
+way is run again one request at a time (:mod:`agent.inference.batch_run`). A request that times
+out in the queue is answered with :class:`DeadlineExceededError` and never run; one whose caller
+went away (its future cancelled) is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from queue import SimpleQueue
 
 import numpy as np
 
 from agent.errors import DeadlineExceededError, OverloadedError, ShuttingDownError
+from agent.inference.batch_run import ItemResult, Ran, joined, run_batch
 from agent.inference.priority import lower_this_thread
 from agent.model_config import BatchingConfig
-from runtimes.base import Runtime, check_rows
-from runtimes.errors import InferenceFailedError, InvalidInputError, RuntimeFailure
+from runtimes.base import Runtime
+from runtimes.errors import InferenceFailedError, RuntimeFailure
 
 Arrays = dict[str, np.ndarray]
 
@@ -55,14 +65,14 @@ MAX_HOLD_S = 0.02
 """Longest an undersized batch is held for balance, whatever the model's compute time."""
 HOLD_FRACTION = 0.25
 """The hold as a fraction of the average batch's compute time: the most the instance idles."""
+QUEUED_BATCHES = 1
+"""Full batches handed to the instances' threads beyond one per instance, for the first thread
+that finishes: without one, an instance that finished waited for the event loop to notice,
+form its next batch and hand it over, a while when the loop is receiving a 600 KB request.
+Only a full batch (a request, without batching) is queued so: under load batches still grow
+while every instance computes."""
 
-
-@dataclass(frozen=True)
-class ItemResult:
-    outputs: Arrays
-    queue_s: float
-    compute_s: float
-    batch_rows: int
+log = logging.getLogger("edgefleet.agent.batcher")
 
 
 BatchObserver = Callable[[int, float], None]
@@ -80,75 +90,21 @@ class _Item:
     future: asyncio.Future[ItemResult] = field(repr=False)
 
 
-# NOTE: the failures that may come from one request's data. InvalidInputError is a value the
-# backend refused at run time (a string that is not UTF-8); InferenceFailedError is the backend
-# failing while it ran valid-looking inputs (ONNX Runtime's Gather on an index past its table).
-# Any other error is about the instance or the model (DeviceUnavailableError, a RuntimeFailure
-# for a closed session, an exception no backend translated): running the requests again alone
-# would fail each of them the same way, only later, so they fail at once.
-_DATA_FAILURES: tuple[type[RuntimeFailure], ...] = (InvalidInputError, InferenceFailedError)
+_QUEUED, _STARTED, _WITHDRAWN = 0, 1, 2
 
 
-@dataclass(frozen=True)
-class _Ran:
-    """What an instance's thread made of one batch."""
+@dataclass(eq=False)
+class _Batch:
+    """A batch handed to the instances' threads. A thread claims a queued one (``state``, under
+    the batcher's lock) and sets ``started``, ``ran`` and ``compute_s`` before handing it back
+    to the event loop; the loop may withdraw one no thread has claimed."""
 
-    results: list[Arrays | RuntimeFailure]
-    """Per request, in order: its outputs or its error."""
-    runs: list[tuple[int, float]]
-    """(rows, seconds) of every execution: one, or one more per request after a failure."""
-
-
-def _run_batch(name: str, runtime: Runtime, parts: list[Arrays], rows: list[int]) -> _Ran:
-    """Stack the requests' inputs, run them and split the outputs, in the instance's thread:
-    the copy of a batch of images (2.4 MB for four 224x224 ones) is kept off the event loop.
-
-    If a batch of several requests fails in a way that may come from one request's data, each
-    request runs again alone, so that only the offender gets the error. That costs at most one
-    run per request, once: a request that fails alone is not retried, and a failure of the
-    instance during the singles fails the rest at once.
-    """
-    started = time.monotonic()
-    if len(parts) == 1:
-        result = _run_one(name, runtime, parts[0])
-        return _Ran([result], [(rows[0], time.monotonic() - started)])
-    stacked = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    batch = _run_one(name, runtime, stacked)
-    if not isinstance(batch, RuntimeFailure):
-        try:  # outputs that cannot be split by rows: each request runs alone, below
-            check_rows(name, batch, sum(rows))
-        except InferenceFailedError as exc:
-            batch = exc
-    runs = [(sum(rows), time.monotonic() - started)]
-    if not isinstance(batch, RuntimeFailure):
-        offsets = np.cumsum([0, *rows])
-        split: list[Arrays | RuntimeFailure] = [
-            {k: v[offsets[i] : offsets[i + 1]] for k, v in batch.items()} for i in range(len(parts))
-        ]
-        return _Ran(split, runs)
-    if not isinstance(batch, _DATA_FAILURES):
-        return _Ran([batch] * len(parts), runs)
-    results: list[Arrays | RuntimeFailure] = []
-    for part, part_rows in zip(parts, rows, strict=True):
-        started = time.monotonic()
-        result = _run_one(name, runtime, part)
-        runs.append((part_rows, time.monotonic() - started))
-        results.append(result)
-        if isinstance(result, RuntimeFailure) and not isinstance(result, _DATA_FAILURES):
-            results.extend([result] * (len(parts) - len(results)))  # the instance is gone
-            break
-    return _Ran(results, runs)
-
-
-def _run_one(name: str, runtime: Runtime, inputs: Arrays) -> Arrays | RuntimeFailure:
-    try:
-        return runtime.infer(inputs)
-    except RuntimeFailure as exc:
-        return exc
-    except Exception as exc:  # a backend bug must not take the server down
-        error = InferenceFailedError(f"{name}: {exc!r}")
-        error.__cause__ = exc
-        return error
+    items: list[_Item]
+    rows: int
+    state: int = _QUEUED
+    started: float = 0.0
+    ran: Ran | None = None
+    compute_s: float = 0.0
 
 
 def shape_key(inputs: Arrays, batched: bool) -> tuple[object, ...]:
@@ -175,26 +131,28 @@ class Batcher:
         self.batched = batched and config.max_batch_size > 0
         self.max_rows = config.max_batch_size if self.batched else 1
         self._runtimes = list(runtimes)
-        self._executors = [
-            ThreadPoolExecutor(
-                max_workers=1,
-                thread_name_prefix=f"{name}-{i}",
-                initializer=lower_this_thread,
-                initargs=(nice_offset,),
-            )
-            for i in range(len(self._runtimes))
-        ]
+        self._nice_offset = nice_offset
+        self._work: SimpleQueue[_Batch | None] = SimpleQueue()
+        self._claim = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._observer = observer
         self._queues: list[list[_Item]] = [[] for _ in range(config.priority_levels)]
         self._pending = 0
-        self._free = list(range(len(self._runtimes)))
+        self._dispatched: list[_Batch] = []
+        """Batches handed to the threads and not answered yet, in the order they were."""
+        self._ran_early: set[_Batch] = set()
+        """With ``preserve_ordering``: batches run, waiting for an earlier one to finish."""
+        self._busy = 0
+        """Batches handed to the threads and not run yet."""
+        self._slots = len(self._runtimes) + QUEUED_BATCHES
         self._changed = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._running: set[asyncio.Task[None]] = set()
+        self._all_answered = asyncio.Event()
+        self._all_answered.set()
         self._scheduler: asyncio.Task[None] | None = None
         self._closed = False
-        self._last_delivered: asyncio.Future[None] | None = None
         # Smoothed cost of a batch, for an honest Retry-After.
         self._batch_s = 0.01
         self._rows_per_batch = 1.0
@@ -206,6 +164,15 @@ class Batcher:
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._threads = [
+            threading.Thread(
+                target=self._serve, args=(runtime,), name=f"{self.name}-{i}", daemon=True
+            )
+            for i, runtime in enumerate(self._runtimes)
+        ]
+        for thread in self._threads:
+            thread.start()
         self._scheduler = asyncio.create_task(self._schedule(), name=f"batcher:{self.name}")
 
     async def drain(self) -> None:
@@ -218,30 +185,36 @@ class Batcher:
         if self._scheduler is not None:
             self._scheduler.cancel()
             await asyncio.gather(self._scheduler, return_exceptions=True)
+        self._withdraw()  # batches no thread has started fail as waiting requests do
         for queue in self._queues:
             for item in queue:
                 if not item.future.done():
                     item.future.set_exception(ShuttingDownError(f"{self.name} was unloaded"))
             queue.clear()
         self._pending = 0
-        if self._running:
-            await asyncio.gather(*self._running, return_exceptions=True)
-        for executor, runtime in zip(self._executors, self._runtimes, strict=True):
-            executor.submit(runtime.close)
-            executor.shutdown(wait=False)
+        await self._all_answered.wait()  # a batch a thread has started runs to its end
+        if self._threads:
+            for _ in self._threads:  # each thread closes its runtime after its last batch
+                self._work.put(None)
+        else:
+            for runtime in self._runtimes:
+                runtime.close()
         self._idle.set()
 
     @property
     def pending(self) -> int:
-        return self._pending
+        """Requests waiting: queued, or in a batch no thread has started."""
+        return self._pending + sum(len(b.items) for b in self._dispatched if b.state == _QUEUED)
 
     @property
     def running(self) -> int:
-        return len(self._running)
+        """Batches started and not answered yet."""
+        return sum(1 for b in self._dispatched if b.state == _STARTED)
 
     @property
     def rerun_batches(self) -> int:
-        """Batches that failed and were run again one request at a time (:func:`_run_batch`)."""
+        """Batches that failed and were run again one request at a time
+        (:func:`agent.inference.batch_run.run_batch`)."""
         return self._rerun_batches
 
     # -- submission -----------------------------------------------------------------------
@@ -270,7 +243,7 @@ class Batcher:
         if rows <= self.max_rows or not self.batched:
             return self._submit(inputs, rows, priority, timeout_s)
         pieces = range(0, rows, self.max_rows)
-        if self._pending + len(pieces) > self.config.max_queue_size:
+        if self.pending + len(pieces) > self.config.max_queue_size:
             raise self._overloaded()
         futures = [
             self._submit(
@@ -281,55 +254,14 @@ class Batcher:
             )
             for s in pieces
         ]
-        whole: asyncio.Future[ItemResult] = asyncio.get_running_loop().create_future()
-
-        def piece_done(_: asyncio.Future[ItemResult]) -> None:
-            if whole.done():
-                return
-            failed = next(
-                (
-                    f.exception()
-                    for f in futures
-                    if f.done() and not f.cancelled() and f.exception()
-                ),
-                None,
-            )
-            if failed is not None:
-                whole.set_exception(failed)
-                for f in futures:
-                    f.cancel()
-                self._changed.set()
-            elif all(f.done() for f in futures):
-                results = [f.result() for f in futures]
-                outputs = {
-                    k: np.concatenate([r.outputs[k] for r in results]) for k in results[0].outputs
-                }
-                whole.set_result(
-                    ItemResult(
-                        outputs,
-                        queue_s=max(r.queue_s for r in results),
-                        compute_s=sum(r.compute_s for r in results),
-                        batch_rows=max(r.batch_rows for r in results),
-                    )
-                )
-
-        def whole_done(_: asyncio.Future[ItemResult]) -> None:
-            if whole.cancelled():
-                for f in futures:
-                    f.cancel()  # the scheduler drops cancelled requests that have not run
-                self._changed.set()
-
-        for f in futures:
-            f.add_done_callback(piece_done)
-        whole.add_done_callback(whole_done)
-        return whole
+        return joined(futures, self._changed.set)
 
     def _submit(
         self, inputs: Arrays, rows: int, priority: int, timeout_s: float | None
     ) -> asyncio.Future[ItemResult]:
         if self._closed:
             raise ShuttingDownError(f"{self.name} is unloading")
-        if self._pending >= self.config.max_queue_size:
+        if self.pending >= self.config.max_queue_size:
             raise self._overloaded()
         now = time.monotonic()
         item = _Item(
@@ -343,6 +275,11 @@ class Batcher:
         )
         self._queues[priority - 1].append(item)
         self._pending += 1
+        if len(self._queues) > 1 and any(
+            b.state == _QUEUED and any(i.priority > priority for i in b.items)
+            for b in self._dispatched
+        ):
+            self._withdraw()  # this request goes first
         self._idle.clear()
         self._changed.set()
         return item.future
@@ -364,9 +301,9 @@ class Batcher:
         while True:
             now = time.monotonic()
             self._expire(now)
-            batch = self._form_batch(now) if self._free else None
+            batch = self._form_batch(now) if self._busy < self._slots else None
             if batch is not None:
-                self._dispatch(self._free.pop(), batch)
+                self._dispatch(batch)
                 continue
             self._update_idle()
             wake_at = self._next_wake()
@@ -382,35 +319,42 @@ class Batcher:
                 finally:
                     timer.cancel()
 
-    def _dispatch(self, instance: int, batch: list[_Item]) -> None:
-        """Hand the batch to its instance's thread now; a task waits for it and answers."""
-        prev, delivered = self._last_delivered, None
-        if self.config.preserve_ordering:
-            delivered = asyncio.get_running_loop().create_future()
-            self._last_delivered = delivered
-        live = [i for i in batch if not i.future.done()]
-        work = None
-        if live:
-            work = self._executors[instance].submit(
-                _run_batch,
-                self.name,
-                self._runtimes[instance],
-                [i.inputs for i in live],
-                [i.rows for i in live],
-            )
-        task = asyncio.create_task(
-            self._execute(instance, live, work, time.monotonic(), prev, delivered),
-            name=f"batch:{self.name}",
-        )
-        self._running.add(task)
-        task.add_done_callback(self._batch_done)
+    def _dispatch(self, items: list[_Item]) -> None:
+        """Hand the batch to the instances' threads: the first one free takes it."""
+        live = [i for i in items if not i.future.done()]
+        if not live:
+            return
+        batch = _Batch(live, sum(i.rows for i in live))
+        self._dispatched.append(batch)
+        self._busy += 1
+        self._all_answered.clear()
+        self._work.put(batch)
 
-    def _batch_done(self, task: asyncio.Task[None]) -> None:
-        self._running.discard(task)
-        self._update_idle()
+    def _withdraw(self) -> None:
+        """Take back the batches no thread has started: their requests wait in the queues
+        again, in their order (a request of a higher priority came, one of theirs timed out or
+        was given up, or the batcher closes)."""
+        back: list[_Batch] = []
+        with self._claim:
+            for batch in self._dispatched:
+                if batch.state == _QUEUED:
+                    batch.state = _WITHDRAWN
+                    back.append(batch)
+        if not back:
+            return
+        for batch in back:
+            self._dispatched.remove(batch)
+            self._busy -= 1
+            for item in batch.items:
+                self._queues[item.priority - 1].append(item)
+                self._pending += 1
+        for level, queue in enumerate(self._queues):
+            self._queues[level] = sorted(queue, key=lambda i: i.enqueued)
+        if not self._dispatched:
+            self._all_answered.set()
 
     def _update_idle(self) -> None:
-        if self._pending == 0 and not self._running:
+        if self._pending == 0 and not self._dispatched:
             self._idle.set()
 
     def _form_batch(self, now: float) -> list[_Item] | None:
@@ -424,6 +368,8 @@ class Batcher:
         take: list[_Item] | None = None
         if not self.batched or rows >= self.max_rows:
             take = candidates
+        elif self._busy >= len(self._runtimes):  # queued behind the running ones: full only
+            return None
         elif (preferred := self._preferred_prefix(candidates)) is not None:
             take = preferred
         elif self.config.max_queue_delay_us:
@@ -463,8 +409,15 @@ class Batcher:
         """When the scheduler must look again without being woken: the oldest request's
         batching delay (if an instance is free) or the earliest queue deadline."""
         times = [i.deadline for q in self._queues for i in q if i.deadline is not None]
+        times += [
+            i.deadline
+            for b in self._dispatched
+            if b.state == _QUEUED
+            for i in b.items
+            if i.deadline is not None
+        ]
         head = next((q[0] for q in self._queues if q), None)
-        if head is not None and self._free:
+        if head is not None and self._busy < len(self._runtimes):
             if self.config.max_queue_delay_us:
                 times.append(head.enqueued + self.config.max_queue_delay_us / 1e6)
             elif self._hold_until is not None:
@@ -505,7 +458,16 @@ class Batcher:
         self._pending -= len(items)
 
     def _expire(self, now: float) -> None:
-        """Answer requests past their deadline and drop those whose caller went away."""
+        """Answer requests past their deadline and drop those whose caller went away; a batch
+        no thread has started that holds one is taken back first."""
+        if any(
+            b.state == _QUEUED
+            and any(
+                i.future.done() or (i.deadline is not None and now >= i.deadline) for i in b.items
+            )
+            for b in self._dispatched
+        ):
+            self._withdraw()
         for level, queue in enumerate(self._queues):
             keep = []
             for item in queue:
@@ -528,68 +490,88 @@ class Batcher:
 
     # -- execution ------------------------------------------------------------------------
 
-    async def _execute(
-        self,
-        instance: int,
-        live: list[_Item],
-        work: Future[_Ran] | None,
-        started: float,
-        prev: asyncio.Future[None] | None,
-        delivered: asyncio.Future[None] | None,
-    ) -> None:
-        freed = False
-        try:
-            if work is None:
-                return
-            rows = sum(i.rows for i in live)
+    def _serve(self, runtime: Runtime) -> None:
+        """An instance's thread: claim the batches queued, run each and hand it back to the
+        event loop, close the runtime at the end. A thread that finishes claims the next batch
+        queued at once, without waiting for the loop."""
+        lower_this_thread(self._nice_offset)
+        while (batch := self._work.get()) is not None:
+            with self._claim:
+                if batch.state == _WITHDRAWN:
+                    continue
+                batch.state = _STARTED
+            batch.started = time.monotonic()
             try:
-                ran = await asyncio.wrap_future(work)
-            except Exception as exc:  # _run_batch answers every error; this is a bug of ours
+                batch.ran = run_batch(
+                    self.name,
+                    runtime,
+                    [i.inputs for i in batch.items],
+                    [i.rows for i in batch.items],
+                )
+            except Exception as exc:  # run_batch answers every error; this is a bug of ours
                 error = InferenceFailedError(f"{self.name}: {exc!r}")
-                ran = _Ran([error] * len(live), [(rows, time.monotonic() - started)])
-            compute_s = time.monotonic() - started
-            self._last_rows = rows
-            self._learn(rows, compute_s)
-            if len(ran.runs) > 1:
-                self._rerun_batches += 1
-            if self._observer is not None:
-                for run_rows, run_s in ran.runs:  # a batch run again counts every execution
-                    self._observer(run_rows, run_s)
-            # The next batch starts before this one's answers are written: the instance does
-            # not wait for the event loop to get round to the scheduler.
-            self._free.append(instance)
-            freed = True
-            self._start_next()
-            if prev is not None:
-                await asyncio.shield(prev)  # preserve_ordering: earlier batches answer first
-            self._deliver(live, ran, started, compute_s, rows)
-        finally:
-            if not freed:
-                self._free.append(instance)
-            self._changed.set()
-            if delivered is not None and not delivered.done():
-                delivered.set_result(None)
+                batch.ran = Ran(
+                    [error] * len(batch.items), [(batch.rows, time.monotonic() - batch.started)]
+                )
+            batch.compute_s = time.monotonic() - batch.started
+            assert self._loop is not None
+            try:
+                self._loop.call_soon_threadsafe(self._finished, batch)
+            except RuntimeError:  # the event loop is closed: nobody waits for an answer
+                break
+        try:
+            runtime.close()
+        except Exception as exc:  # a backend failing to close must not end the thread silently
+            log.warning("an inference instance did not close", extra={"error": repr(exc)})
+
+    def _finished(self, batch: _Batch) -> None:
+        """A thread ran ``batch``: the next one starts before its answers are written, which
+        go out in dispatch order with ``preserve_ordering``."""
+        self._busy -= 1
+        ran = batch.ran
+        assert ran is not None
+        self._last_rows = batch.rows
+        self._learn(batch.rows, batch.compute_s)
+        if len(ran.runs) > 1:
+            self._rerun_batches += 1
+        if self._observer is not None:
+            for run_rows, run_s in ran.runs:  # a batch run again counts every execution
+                self._observer(run_rows, run_s)
+        self._start_next()
+        if self.config.preserve_ordering:
+            self._ran_early.add(batch)
+            while self._dispatched and self._dispatched[0] in self._ran_early:
+                first = self._dispatched.pop(0)
+                self._ran_early.discard(first)
+                self._deliver(first)
+        else:
+            self._dispatched.remove(batch)
+            self._deliver(batch)
+        if not self._dispatched:
+            self._all_answered.set()
+        self._update_idle()
+        self._changed.set()
 
     def _start_next(self) -> None:
-        if self._closed:
+        if self._closed or self._busy >= self._slots:
             return
         batch = self._form_batch(time.monotonic())
         if batch is not None:
-            self._dispatch(self._free.pop(), batch)
+            self._dispatch(batch)
 
-    def _deliver(
-        self, items: list[_Item], ran: _Ran, started: float, compute_s: float, rows: int
-    ) -> None:
+    def _deliver(self, batch: _Batch) -> None:
+        ran = batch.ran
+        assert ran is not None
         alone = len(ran.runs) > 1  # run again one by one: each request's batch was itself
-        for item, result in zip(items, ran.results, strict=True):
-            if item.future.done():  # cancelled while running: nobody to answer
+        for item, result in zip(batch.items, ran.results, strict=True):
+            if item.future.done():  # given up on while it ran: nobody to answer
                 continue
             if isinstance(result, RuntimeFailure):
                 item.future.set_exception(result)
                 continue
-            batch_rows = item.rows if alone else rows
+            batch_rows = item.rows if alone else batch.rows
             item.future.set_result(
-                ItemResult(result, started - item.enqueued, compute_s, batch_rows)
+                ItemResult(result, batch.started - item.enqueued, batch.compute_s, batch_rows)
             )
 
     def _learn(self, rows: int, compute_s: float) -> None:

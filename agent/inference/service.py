@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agent.errors import AgentError, RequestError, ShuttingDownError
-from agent.inference.batcher import ItemResult
+from agent.inference.batch_run import ItemResult
 from agent.inference.manager import ModelManager
 from agent.inference.versions import LoadedVersion
 from agent.metrics import AgentMetrics

@@ -312,3 +312,52 @@ def test_balancing_holds_a_lone_request_for_a_bounded_time_only() -> None:
         assert lone[1].queue_s < lone[0].queue_s and lone[2].queue_s < lone[0].queue_s
 
     run(main())
+
+
+@pytest.mark.parametrize("config", [{"max_batch_size": 0}, {"max_batch_size": 2}])
+def test_a_full_batch_queued_behind_the_running_one_starts_without_the_event_loop(
+    config: dict[str, int],
+) -> None:
+    """The thread that finishes claims the next full batch itself: with the event loop blocked
+    (as it is while it receives a large request), the instance does not sit idle."""
+
+    async def main() -> None:
+        rt = EchoRuntime()
+        b = Batcher("echo", [rt], BatchingConfig(**config), batched=True)  # type: ignore[arg-type]
+        b.start()
+        rt.hold.clear()
+        rows = max(config["max_batch_size"], 1)
+        first, second = (
+            asyncio.ensure_future(
+                b.infer({"x": np.full((rows, 4), i, np.float32)}, rows, priority=1, timeout_s=None)
+            )
+            for i in (1, 2)
+        )
+        while not (b.running == 1 and b.pending == 1):
+            await asyncio.sleep(0.001)
+        rt.hold.set()
+        blocked_until = time.monotonic() + 5
+        while len(rt.batches) < 2 and time.monotonic() < blocked_until:
+            time.sleep(0.001)  # the event loop is blocked: only the thread can start the batch
+        assert rt.batches == [(rows, 4), (rows, 4)]
+        assert (await second).outputs["y"][0, 0] == 4.0
+        assert (await first).outputs["y"][0, 0] == 2.0
+        await b.close()
+
+    run(main())
+
+
+def test_a_batch_queued_behind_the_running_one_is_not_formed_before_it_is_full() -> None:
+    """With batching, requests queued while every instance computes wait in the queue, to be
+    batched together when one frees (a queued batch would take the first alone)."""
+
+    async def main() -> None:
+        rt = EchoRuntime()
+        b = _held_batcher(rt, max_batch_size=4, balance_batches=False)
+        b.start()
+        arrays = [np.full((1, 4), i, np.float32) for i in range(3)]
+        await _hold_then_release(b, rt, arrays)
+        await b.close()
+        assert rt.batches == [(1, 4), (3, 4)]
+
+    run(main())
