@@ -306,16 +306,19 @@ def refuses_connections(url: str) -> bool:
 
 
 def held_through_shutdown(
-    repo: Path, grace_s: float, release_after: Callable[[Future[httpx.Response], str], None]
+    repo: Path,
+    grace_s: float,
+    release_after: Callable[[Future[httpx.Response], str], None],
+    rows: int = 1,
 ) -> httpx.Response:
-    """The answer to a request held in the model while the agent shuts down with
-    ``shutdown_grace_s=grace_s``; the model lets it go once ``release_after(answer, url)``
+    """The answer to a request of ``rows`` rows held in the model while the agent shuts down
+    with ``shutdown_grace_s=grace_s``; the model lets it go once ``release_after(answer, url)``
     returns."""
     gate = Gate(closed=False)
     with ThreadPoolExecutor(2) as pool, httpx.Client(timeout=60) as client:
         with serve(repo, runtime_factory=gated_factory(gate), shutdown_grace_s=grace_s) as agent:
             gate.close()
-            held = pool.submit(client.post, agent.url + INFER, content=body_of(1))
+            held = pool.submit(client.post, agent.url + INFER, content=body_of(rows))
             gate.wait_entered()
             url = agent.url
 
@@ -331,8 +334,14 @@ def held_through_shutdown(
         return held.result(timeout=60)
 
 
+# A body of 64 KiB or more is answered from the connection's callbacks, without an ASGI task
+# (agent.api.fastpath); a shutdown must wait for it, and cancel it, as it does a task.
+BODY_ROWS = pytest.mark.parametrize("rows", [1, 80], ids=["task", "whole-body-callbacks"])
+
+
+@BODY_ROWS
 def test_a_shutdown_grace_under_a_second_lets_a_request_finish_within_it_gated(
-    example_repo: Path, tmp_path: Path
+    example_repo: Path, tmp_path: Path, rows: int
 ) -> None:
     """``shutdown_grace_s`` is a float too: int() made a grace under 1 s 0, and a shutdown
     cancelled the requests in flight at once (uvicorn waits 0.1 s, then the grace)."""
@@ -342,11 +351,12 @@ def test_a_shutdown_grace_under_a_second_lets_a_request_finish_within_it_gated(
         time.sleep(0.5)  # past the 0.1 s after which a grace of 0 cancels it
 
     repo = copy_models(example_repo, tmp_path / "repo", "mlp")
-    assert held_through_shutdown(repo, 0.95, while_stopping).status_code == 200
+    assert held_through_shutdown(repo, 0.95, while_stopping, rows).status_code == 200
 
 
+@BODY_ROWS
 def test_a_request_held_past_the_shutdown_grace_is_answered_503_gated(
-    example_repo: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    example_repo: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, rows: int
 ) -> None:
     """Past ``shutdown_grace_s`` uvicorn cancels the requests still in flight; the client hears
     503 and why (uvicorn's own answer to a cancelled handler is a bare 500)."""
@@ -356,7 +366,7 @@ def test_a_request_held_past_the_shutdown_grace_is_answered_503_gated(
 
     repo = copy_models(example_repo, tmp_path / "repo", "mlp")
     with caplog.at_level(logging.ERROR, logger="uvicorn.error"):
-        answer = held_through_shutdown(repo, 0.2, once_answered)
+        answer = held_through_shutdown(repo, 0.2, once_answered, rows)
     assert answer.status_code == 503
     assert answer.json()["error"] == "the agent shut down before this request was answered"
     assert answer.headers["retry-after"] == "1" and answer.headers["connection"] == "close"
