@@ -74,16 +74,23 @@ def _to_raw(serving: dict[str, Any], system: str) -> Goal:
 
 
 def lean_reference(serving: dict[str, Any]) -> str | None:
-    """The leanest Python server (:mod:`agent.bench.lean_server`) in the cnn goal's cell, as
-    the goal measures the agent: not a goal, the scale for it."""
-    if not _runs(serving, "cnn", "lean", "binary", 8):
+    """The leanest Python server (:mod:`agent.bench.lean_server`) and the agent without
+    batching in the cnn goal's cell, as the goal measures the agent: not goals, the scale."""
+    found = [
+        f"{what} served {_to_raw(serving, system).measured}"
+        for system, what in (
+            ("agent-nobatch", "the agent without batching (`agent-nobatch`, two instances)"),
+            (
+                "lean",
+                "the leanest Python server of the V2 infer route (`lean`: no batching, "
+                "validation, limits or metrics)",
+            ),
+        )
+        if _runs(serving, "cnn", system, "binary", 8)
+    ]
+    if not found:
         return None
-    measured = _to_raw(serving, "lean").measured
-    return (
-        "For scale, in the same cell and measured the same way, the leanest Python server of "
-        f"the V2 infer route (`lean`: no batching, validation, limits or metrics) served "
-        f"{measured}."
-    )
+    return "For scale, in the same cell and measured the same way, " + "; ".join(found) + "."
 
 
 def serving_goals(serving: dict[str, Any]) -> list[Goal]:

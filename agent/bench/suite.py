@@ -44,7 +44,20 @@ than the cores has a batch ready when another's answers and next requests are cr
 (alternating runs at binary, concurrency 8, 2026-12-03: the machine idle 5-6 % of the time
 with two, 2.1-2.4 % with three; three served more in 9 of 10 pairs, -0.2 to +6.3 %, median
 +4 %). It costs latency with a single client (one thread per request)."""
-RAW_BRACKETED = frozenset({("cnn", "agent", "binary", 8), ("cnn", "lean", "binary", 8)})
+NOBATCH_CONFIG = {"cnn": "instances = 2\n"}
+"""The unbatched agent's model configuration, by model. Without batching ``cnn`` runs a session
+per core, a request queued behind the running ones keeping each busy (what the third session
+did with batching): ``python -m agent.bench.ab --model cnn --body binary -c 8 --pairs 3
+--raw-instances 2`` on two cores of a Xeon, 2026-12-05, against raw ONNX Runtime: two sessions
+without batching 0.862, 0.893 and 0.885 x, three 0.849, 0.828 and 0.825, three with batching
+(``AGENT_CONFIG``) 0.859, 0.830 and 0.842."""
+RAW_BRACKETED = frozenset(
+    {
+        ("cnn", "agent", "binary", 8),
+        ("cnn", "agent-nobatch", "binary", 8),
+        ("cnn", "lean", "binary", 8),
+    }
+)
 """(model, system, body, concurrency) of the cells a goal compares with raw ONNX Runtime: raw
 is measured right before and right after each of their runs as well, and the goal compares with
 the mean of the two. The raw run at the start of a repetition is up to minutes from a cell, and
@@ -236,7 +249,7 @@ def run_model(
             if name == "agent":
                 cm = agent(repos["agent"], model, probe, logs, config=AGENT_CONFIG.get(model, ""))
             elif name == "agent-nobatch":
-                config = AGENT_CONFIG.get(model, "")
+                config = NOBATCH_CONFIG.get(model, AGENT_CONFIG.get(model, ""))
                 cm = agent(
                     repos["agent-nobatch"], model, probe, logs, config=config, batching=False
                 )
@@ -279,6 +292,7 @@ def run_model(
             "runs_rows_per_s": raw_runs,
         },
         "agent_config": AGENT_CONFIG.get(model, ""),
+        "nobatch_config": NOBATCH_CONFIG.get(model, ""),
         "cells": [asdict(c) for c in cells.values()],
         "overload": over,
         "startup_to_first_inference_s": startup,
