@@ -74,11 +74,11 @@ def serving_section(serving: dict[str, Any], images: Path, rel: str) -> list[str
         ]
         if m.get("agent_config"):
             config = m["agent_config"].strip().replace("\n", "; ")
-            line = f"The agent's model configuration: `{config}`"
+            said = f"The agent's model configuration: `{config}`"
             if m.get("nobatch_config"):
                 nobatch = m["nobatch_config"].strip().replace("\n", "; ")
-                line += f"; without batching (`agent-nobatch`): `{nobatch}`"
-            out += [line + ".", ""]
+                said += f"; without batching (`agent-nobatch`): `{nobatch}`"
+            out += [said + ".", ""]
         concs = sorted({c["concurrency"] for c in m["cells"]})
         rows = []
         for system, body in sorted({(c["system"], c["body"]) for c in m["cells"]}):
