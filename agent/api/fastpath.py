@@ -127,7 +127,11 @@ class InferFastPath:
         route = infer_route(scope["path"]) if scope["method"] == "POST" else None
         if route is None:
             return False
-        try:  # a model not served is answered by the task path before its body comes
+        try:
+            # A request turned away (no valid API key, over the rate limit, a model not
+            # served) is answered by the task path before its body is read, as admission
+            # promises: here the whole body would be read first.
+            self.admission.check(scope)
             self.state.service.resolve(*route)
         except AgentError:
             return False
@@ -144,8 +148,7 @@ class InferFastPath:
         context = begin(scope)
         route = infer_route(scope["path"])
         assert route is not None  # takes() said so
-        try:
-            self.admission.check(scope)
+        try:  # admitted by takes()
             headers = dict(scope["headers"])
             body = decoded_body(body, headers, self.state.settings.max_request_bytes)
             call = v2.start_infer(self.state, scope, headers, body, *route, context.started)

@@ -12,6 +12,7 @@ import pytest
 from agent.api.access import ApiKeys
 from agent.settings import AgentSettings
 from tests.agent.server import RunningAgent, copy_models, serve
+from tests.hardening.rawhttp import connect, head, read_response
 
 KEY = "k3y-for-the-app-7d1f0c"
 OTHER = "other-client-key-b2e9"
@@ -46,6 +47,17 @@ def test_without_a_key_every_endpoint_is_401(agent: RunningAgent, path: str) -> 
 def test_inference_without_a_key_is_401_before_the_body_is_read(agent: RunningAgent) -> None:
     resp = agent.client.post("/v2/models/mlp/infer", content=b"not even JSON")
     assert resp.status_code == 401
+
+
+@pytest.mark.parametrize("length", [100, 200_000], ids=["task", "whole-body-callbacks"])
+def test_inference_without_a_key_is_401_before_its_body_is_sent(
+    agent: RunningAgent, length: int
+) -> None:
+    """Also a body the agent would collect whole and answer from the connection's callbacks
+    (agent.api.fastpath): admission answers at the head, before any of it is read."""
+    with connect(agent.url) as sock:
+        sock.sendall(head("POST", "/v2/models/mlp/infer", {"Content-Length": str(length)}))
+        assert read_response(sock).status == 401
 
 
 def test_a_wrong_key_is_401(agent: RunningAgent) -> None:
