@@ -68,6 +68,12 @@ def register_fleet(root: click.Group) -> None:
     @click.option("--bind", default="0.0.0.0", show_default=True)
     @click.option("--tls", is_flag=True, help="Mutual TLS: clients authenticate by certificate.")
     @click.option(
+        "--allow-plaintext",
+        is_flag=True,
+        help="Without --tls, listen beyond loopback anyway: device passwords and model "
+        "manifests then cross the network unencrypted.",
+    )
+    @click.option(
         "--server-name",
         "server_names",
         multiple=True,
@@ -90,6 +96,7 @@ def register_fleet(root: click.Group) -> None:
         port: int,
         bind: str,
         tls: bool,
+        allow_plaintext: bool,
         server_names: tuple[str, ...],
         topic_prefix: str,
         owner: str | None,
@@ -100,7 +107,16 @@ def register_fleet(root: click.Group) -> None:
         broker certificate and the CRL) for every device issued so far."""
         from agent.protocol.topics import Topics
         from control_plane.provisioning.acl import CONTROL_PLANE_USER, DASHBOARD_USER
-        from control_plane.provisioning.mosquitto import FleetAccess
+        from control_plane.provisioning.mosquitto import FleetAccess, loopback_only
+
+        if not tls and not allow_plaintext and not loopback_only(bind):
+            # Security by default: a fleet's broker reached over the network carries device
+            # passwords in every CONNECT; in clear they are anyone's on the path.
+            raise click.UsageError(
+                f"--bind {bind} without --tls would send device passwords unencrypted over the "
+                "network: add --tls (mutual TLS), --bind 127.0.0.1 for a broker only this "
+                "machine reaches, or --allow-plaintext if the network is trusted"
+            )
 
         access = FleetAccess(state_dir, Topics(topic_prefix))
         if dashboard:

@@ -13,6 +13,7 @@ the CRL (mutual TLS, the username being the certificate's common name).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import pwd
 import shutil
@@ -33,6 +34,16 @@ class ServiceCredentials:
     """Holds the password (mode 0600): point the service's settings at it, never log it."""
     cert: Path | None = None
     key: Path | None = None
+
+
+def loopback_only(bind: str) -> bool:
+    """Whether a listener bound to ``bind`` is reachable from this machine only."""
+    if bind == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bind).is_loopback
+    except ValueError:  # a host name: whatever it resolves to, not known to be loopback
+        return False
 
 
 class FleetAccess:

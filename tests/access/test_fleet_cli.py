@@ -88,3 +88,31 @@ def test_issue_write_run_and_revoke(tmp_path: Path, started: list[subprocess.Pop
             probe.close()
 
     wait_until(b_refused, what="dev-b to be refused")
+
+
+@pytest.mark.parametrize(
+    ("flags", "written"),
+    [
+        ((), False),  # the default bind, 0.0.0.0, without TLS
+        (("--bind", "192.0.2.10"), False),
+        (("--bind", "broker.example"), False),  # a name is not known to stay local
+        (("--bind", "127.0.0.1"), True),
+        (("--bind", "::1"), True),
+        (("--allow-plaintext",), True),
+        (("--tls",), True),
+    ],
+)
+def test_a_plaintext_broker_on_the_network_needs_saying_so(
+    tmp_path: Path, flags: tuple[str, ...], written: bool
+) -> None:
+    """Device passwords travel in every CONNECT: without TLS the broker listens beyond
+    loopback only when told that the network is trusted."""
+    out = tmp_path / "broker"
+    result = edgefleet(
+        "fleet", "mosquitto-config", "--out", str(out), *flags,
+        "--state-dir", str(tmp_path / "state"), check=False,
+    )  # fmt: skip
+    assert (result.returncode == 0) is written, result.stderr
+    assert (out / "mosquitto.conf").exists() is written
+    if not written:
+        assert "unencrypted" in result.stderr and "--tls" in result.stderr
