@@ -193,11 +193,9 @@ async def handle_infer(
 
 
 async def _wait(future: asyncio.Future[InferResponse]) -> InferResponse:
-    try:
-        return await future
-    except BaseException:
-        future.cancel()
-        raise
+    # a coroutine for until_disconnect; a cancelled task cancels the future it awaits, which
+    # drops the request from its batcher (InferenceService.submit)
+    return await future
 
 
 @dataclass(frozen=True, slots=True)

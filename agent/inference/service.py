@@ -61,13 +61,10 @@ class InferenceService:
         return self.manager.resolve(model, version)
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        """Run ``request`` through its model's batcher (:meth:`submit`) and wait for it."""
-        future = self.submit(request)
-        try:
-            return await future
-        except BaseException:
-            future.cancel()  # the batcher drops it if it has not run
-            raise
+        """Run ``request`` through its model's batcher (:meth:`submit`) and wait for it; a
+        cancelled caller cancels the future it awaits, which drops the request if it has not
+        run."""
+        return await self.submit(request)
 
     def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         """Validate ``request`` and queue it; errors found now are raised, later ones end the
