@@ -7,6 +7,7 @@ with the same message, and the agent can check a request before it joins a batch
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cached_property
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -42,16 +43,20 @@ class ModelSignature(BaseModel):
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
 
-    @property
+    @cached_property
     def batched(self) -> bool:
         """Dimension 0 of every input and output is dynamic, so rows can be batched."""
         tensors = self.inputs + self.outputs
         return bool(tensors) and all(t.shape and t.shape[0] == DYNAMIC for t in tensors)
 
+    @cached_property
+    def _inputs_by_name(self) -> dict[str, TensorSpec]:
+        return {t.name: t for t in self.inputs}
+
     def input(self, name: str) -> TensorSpec:
-        for spec in self.inputs:
-            if spec.name == name:
-                return spec
+        spec = self._inputs_by_name.get(name)
+        if spec is not None:
+            return spec
         raise InputNameError(
             f"unknown input {name!r}; the model takes {self.input_names()}", field=name
         )
@@ -70,10 +75,12 @@ class ModelSignature(BaseModel):
             InputDatatypeError: an array's dtype differs from the declared datatype.
             InputShapeError: rank or a fixed dimension differs, or batch sizes disagree.
         """
+        known = self._inputs_by_name
         for name in inputs:
-            self.input(name)
-        missing = [n for n in self.input_names() if n not in inputs]
-        if missing:
+            if name not in known:
+                self.input(name)  # raises
+        if len(inputs) != len(known):
+            missing = [n for n in self.input_names() if n not in inputs]
             raise InputNameError(
                 f"missing input {missing[0]!r}; the model takes {self.input_names()}",
                 field=missing[0],

@@ -39,7 +39,7 @@ def begin(scope: Scope) -> Context:
             request_id = value.decode("latin-1")
         elif name == b"traceparent":
             traceparent_in = value.decode("latin-1")
-    if not _REQUEST_ID.match(request_id):
+    if not (request_id and _REQUEST_ID.match(request_id)):
         request_id = f"{random.getrandbits(128):032x}"
     match = _TRACEPARENT.match(traceparent_in) if traceparent_in else None
     # We are a new span in the caller's trace (or the root of a new one).

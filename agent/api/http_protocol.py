@@ -277,10 +277,18 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)  # ": " and CRLF
-        if len(name) == 14 and name.lower() == b"content-length":
+        # uvicorn's own on_header, in one call with the count: the parser calls this for every
+        # header of every request
+        self._head_bytes += len(name) + len(value) + 4  # ": " and CRLF
+        if self._head_bytes > self.limits.max_header_bytes:
+            self._count(0)  # answers 431
+        name = name.lower()
+        value = value.rstrip(b" \t")  # llhttp keeps trailing whitespace (RFC 9110 5.5 does not)
+        if name == b"content-length":
             self._declared = int(value) if value.isdigit() and len(value) < 19 else -1
-        super().on_header(name, value)
+        elif name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._cancel_head_timer()

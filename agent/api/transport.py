@@ -56,7 +56,10 @@ def decoded_body(
     body: bytes, headers: dict[bytes, bytes], limit: int, setting: str = "max_request_bytes"
 ) -> bytes:
     """A whole body as its ``Content-Encoding`` says, inflated within ``limit`` bytes."""
-    encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").lower()
+    named = headers.get(b"content-encoding")
+    if named is None:
+        return body
+    encoding = named.decode("latin-1").lower()
     if encoding in ("gzip", "deflate"):
         body = _inflate(body, encoding, limit, setting)
     elif encoding != "identity":

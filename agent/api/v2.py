@@ -289,4 +289,5 @@ def start_infer(
         priority,
         timeout,
     )
-    return InferCall(state.service.submit(infer_request), decoded, context, started)
+    # resolved above, in this turn of the event loop: no swap came in between
+    return InferCall(state.service.submit(infer_request, lv), decoded, context, started)

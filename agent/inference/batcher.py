@@ -146,12 +146,19 @@ class Batcher:
         self._busy = 0
         """Batches handed to the threads and not run yet."""
         self._slots = len(self._runtimes) + QUEUED_BATCHES
-        self._changed = asyncio.Event()
+        self._poked = False
+        """A scheduling pass is due in this turn of the event loop (:meth:`_poke`)."""
+        self._wake: asyncio.TimerHandle | None = None
+        """The next pass nothing else would start: a batching delay, a hold, a deadline."""
+        self._timed = 0
+        """Requests with a queue deadline and no answer yet: while there are none, a pass looks
+        for neither expired requests nor the next deadline."""
+        self._gone = False
+        """A request was given up since the last pass: a pass drops what was."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._all_answered = asyncio.Event()
         self._all_answered.set()
-        self._scheduler: asyncio.Task[None] | None = None
         self._closed = False
         # Smoothed cost of a batch, for an honest Retry-After.
         self._batch_s = 0.01
@@ -173,7 +180,6 @@ class Batcher:
         ]
         for thread in self._threads:
             thread.start()
-        self._scheduler = asyncio.create_task(self._schedule(), name=f"batcher:{self.name}")
 
     async def drain(self) -> None:
         """Wait until nothing is queued or running."""
@@ -182,9 +188,9 @@ class Batcher:
     async def close(self) -> None:
         """Fail whatever still waits, wait for running batches, release executors and runtimes."""
         self._closed = True
-        if self._scheduler is not None:
-            self._scheduler.cancel()
-            await asyncio.gather(self._scheduler, return_exceptions=True)
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
         self._withdraw()  # batches no thread has started fail as waiting requests do
         for queue in self._queues:
             for item in queue:
@@ -204,7 +210,11 @@ class Batcher:
     @property
     def pending(self) -> int:
         """Requests waiting: queued, or in a batch no thread has started."""
-        return self._pending + sum(len(b.items) for b in self._dispatched if b.state == _QUEUED)
+        waiting = self._pending
+        for batch in self._dispatched:
+            if batch.state == _QUEUED:
+                waiting += len(batch.items)
+        return waiting
 
     @property
     def running(self) -> int:
@@ -233,7 +243,11 @@ class Batcher:
     def cancel(self, future: asyncio.Future[ItemResult]) -> None:
         """Give up on a request :meth:`submit` queued: dropped if it has not run yet."""
         future.cancel()
-        self._changed.set()
+        self._given_up()
+
+    def _given_up(self) -> None:
+        self._gone = True
+        self._poke()
 
     def submit(
         self, inputs: Arrays, rows: int, *, priority: int, timeout_s: float | None
@@ -254,7 +268,7 @@ class Batcher:
             )
             for s in pieces
         ]
-        return joined(futures, self._changed.set)
+        return joined(futures, self._given_up)
 
     def _submit(
         self, inputs: Arrays, rows: int, priority: int, timeout_s: float | None
@@ -264,6 +278,7 @@ class Batcher:
         if self.pending >= self.config.max_queue_size:
             raise self._overloaded()
         now = time.monotonic()
+        assert self._loop is not None, "start() the batcher first"
         item = _Item(
             inputs,
             rows,
@@ -271,8 +286,11 @@ class Batcher:
             priority,
             now + timeout_s if timeout_s else None,
             now,
-            asyncio.get_running_loop().create_future(),
+            self._loop.create_future(),
         )
+        if item.deadline is not None:
+            self._timed += 1
+            item.future.add_done_callback(self._untimed)
         self._queues[priority - 1].append(item)
         self._pending += 1
         if len(self._queues) > 1 and any(
@@ -281,8 +299,11 @@ class Batcher:
         ):
             self._withdraw()  # this request goes first
         self._idle.clear()
-        self._changed.set()
+        self._poke()
         return item.future
+
+    def _untimed(self, _: asyncio.Future[ItemResult]) -> None:
+        self._timed -= 1
 
     def _overloaded(self) -> OverloadedError:
         rows_per_s = len(self._runtimes) * self._rows_per_batch / max(self._batch_s, 1e-6)
@@ -295,36 +316,51 @@ class Batcher:
 
     # -- scheduling -----------------------------------------------------------------------
 
-    async def _schedule(self) -> None:
-        """One loop per model version: expire, form a batch when an instance is free, or sleep
-        until something changes (a submission, a finished batch) or a deadline comes."""
-        while True:
-            now = time.monotonic()
+    def _poke(self) -> None:
+        """Have a scheduling pass run soon, once however many requests come in this turn of the
+        event loop (:meth:`_pass`), so that those read together can batch together."""
+        if not self._poked and self._loop is not None:
+            self._poked = True
+            self._loop.call_soon(self._pass)
+
+    def _pass(self) -> None:
+        """Expire, form batches while an instance (or the queue behind them) is free, and
+        arm a timer for the next thing that must happen without a request or a finished
+        batch to prompt it: a batching delay, a hold, a queue deadline."""
+        self._poked = False
+        if self._closed:
+            return
+        now = time.monotonic()
+        if self._timed or self._gone:
             self._expire(now)
-            batch = self._form_batch(now) if self._busy < self._slots else None
-            if batch is not None:
-                self._dispatch(batch)
-                continue
-            self._update_idle()
-            wake_at = self._next_wake()
-            self._changed.clear()
-            if wake_at is None:
-                await self._changed.wait()
-            else:  # a timer that sets the event: wait_for would wrap the wait in a task
-                timer = asyncio.get_running_loop().call_later(
-                    max(wake_at - now, 0), self._changed.set
-                )
-                try:
-                    await self._changed.wait()
-                finally:
-                    timer.cancel()
+        while self._busy < self._slots and (batch := self._form_batch(now)) is not None:
+            self._dispatch(batch)
+        self._update_idle()
+        wake_at = self._next_wake()
+        if self._wake is not None:
+            if wake_at is not None and self._wake.when() == wake_at:
+                return
+            self._wake.cancel()
+            self._wake = None
+        if wake_at is not None:
+            assert self._loop is not None  # poked
+            self._wake = self._loop.call_at(wake_at, self._woken)
+
+    def _woken(self) -> None:
+        self._wake = None
+        self._pass()
 
     def _dispatch(self, items: list[_Item]) -> None:
         """Hand the batch to the instances' threads: the first one free takes it."""
-        live = [i for i in items if not i.future.done()]
-        if not live:
-            return
-        batch = _Batch(live, sum(i.rows for i in live))
+        if len(items) == 1:  # without batching, every time
+            if items[0].future.done():
+                return
+            batch = _Batch(items, items[0].rows)
+        else:
+            live = [i for i in items if not i.future.done()]
+            if not live:
+                return
+            batch = _Batch(live, sum(i.rows for i in live))
         self._dispatched.append(batch)
         self._busy += 1
         self._all_answered.clear()
@@ -359,7 +395,7 @@ class Batcher:
 
     def _form_batch(self, now: float) -> list[_Item] | None:
         """The batch to run now, or None to wait for more requests (or for none at all)."""
-        head = next((q[0] for q in self._queues if q), None)
+        head = self._head()
         if head is None:
             self._hold_until = None
             return None
@@ -406,23 +442,38 @@ class Batcher:
         return candidates
 
     def _next_wake(self) -> float | None:
-        """When the scheduler must look again without being woken: the oldest request's
-        batching delay (if an instance is free) or the earliest queue deadline."""
-        times = [i.deadline for q in self._queues for i in q if i.deadline is not None]
-        times += [
-            i.deadline
-            for b in self._dispatched
-            if b.state == _QUEUED
-            for i in b.items
-            if i.deadline is not None
-        ]
-        head = next((q[0] for q in self._queues if q), None)
+        """When the scheduler must look again without being prompted: the oldest request's
+        batching delay or hold (if an instance is free) or the earliest queue deadline."""
+        if not self._timed and (
+            self._hold_until is None
+            and not self.config.max_queue_delay_us
+            or self._busy >= len(self._runtimes)
+        ):
+            return None
+        times: list[float] = []
+        if self._timed:
+            times += [i.deadline for q in self._queues for i in q if i.deadline is not None]
+            times += [
+                i.deadline
+                for b in self._dispatched
+                if b.state == _QUEUED
+                for i in b.items
+                if i.deadline is not None
+            ]
+        head = self._head()
         if head is not None and self._busy < len(self._runtimes):
             if self.config.max_queue_delay_us:
                 times.append(head.enqueued + self.config.max_queue_delay_us / 1e6)
             elif self._hold_until is not None:
                 times.append(self._hold_until)
         return min(times) if times else None
+
+    def _head(self) -> _Item | None:
+        """The oldest request of the highest priority."""
+        for queue in self._queues:
+            if queue:
+                return queue[0]
+        return None
 
     def _candidates(self, head: _Item) -> list[_Item]:
         """The head and the requests after it (by priority, then age) that fit with it."""
@@ -451,6 +502,12 @@ class Batcher:
         return best
 
     def _remove(self, items: list[_Item]) -> None:
+        queue = self._queues[items[0].priority - 1]
+        n = len(items)
+        if queue[:n] == items:  # the oldest of one level (_Item compares by identity)
+            del queue[:n]
+            self._pending -= n
+            return
         taken = {id(i) for i in items}
         for level, queue in enumerate(self._queues):
             if any(id(i) in taken for i in queue):
@@ -460,6 +517,7 @@ class Batcher:
     def _expire(self, now: float) -> None:
         """Answer requests past their deadline and drop those whose caller went away; a batch
         no thread has started that holds one is taken back first."""
+        self._gone = False
         if any(
             b.state == _QUEUED
             and any(
@@ -537,7 +595,7 @@ class Batcher:
         if self._observer is not None:
             for run_rows, run_s in ran.runs:  # a batch run again counts every execution
                 self._observer(run_rows, run_s)
-        self._start_next()
+        self._start_next()  # before the answers: the instance is free now
         if self.config.preserve_ordering:
             self._ran_early.add(batch)
             while self._dispatched and self._dispatched[0] in self._ran_early:
@@ -550,7 +608,8 @@ class Batcher:
         if not self._dispatched:
             self._all_answered.set()
         self._update_idle()
-        self._changed.set()
+        if self._pending:  # a hold to time, another batch to form
+            self._poke()
 
     def _start_next(self) -> None:
         if self._closed or self._busy >= self._slots:

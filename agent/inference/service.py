@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -44,8 +44,6 @@ class InferResponse:
     queue_s: float
     compute_s: float
     batch_rows: int
-    signature_outputs: dict[str, str] = field(default_factory=dict)
-    """Datatype of each output by name."""
 
 
 class InferenceService:
@@ -66,12 +64,20 @@ class InferenceService:
         run."""
         return await self.submit(request)
 
-    def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
+    def submit(
+        self, request: InferRequest, resolved: LoadedVersion | None = None
+    ) -> asyncio.Future[InferResponse]:
         """Validate ``request`` and queue it; errors found now are raised, later ones end the
-        future. Cancelling the future drops the request if it has not run yet."""
+        future. Cancelling the future drops the request if it has not run yet. ``resolved``:
+        :meth:`resolve` of the request's model and version, by a caller that has not yielded
+        to the event loop since (no swap can have come in between)."""
         if not self.accepting:
             raise ShuttingDownError("the agent is shutting down")
-        lv = self.manager.resolve(request.model, request.version)
+        lv = (
+            resolved
+            if resolved is not None
+            else self.manager.resolve(request.model, request.version)
+        )
         lv.acquire()  # resolved and acquired in one step: a swap cannot slip in
         version = str(lv.version)
         started = time.monotonic()
@@ -118,7 +124,6 @@ class InferenceService:
                     result.queue_s,
                     result.compute_s,
                     result.batch_rows,
-                    {t.name: t.datatype for t in lv.signature.outputs},
                 )
             )
 
