@@ -37,6 +37,9 @@ from agent.api.transport import decoded_body
 from agent.errors import AgentError, ShuttingDownError
 from agent.inference.service import InferResponse
 
+_ROUTE_KEY = "edgefleet.infer_route"
+"""Scope key of the (model, version) :meth:`InferFastPath.takes` found."""
+
 
 def _error_answer(exc: Exception) -> v2.Answer:
     status, extra, body = error_parts(exc)
@@ -135,6 +138,7 @@ class InferFastPath:
             self.state.service.resolve(*route)
         except AgentError:
             return False
+        scope[_ROUTE_KEY] = route
         return True
 
     def start(self, scope: Scope, body: bytes, tasks: set[Any]) -> None:
@@ -146,8 +150,7 @@ class InferFastPath:
         ``tasks`` (uvicorn's), so that a shutdown waits for it as for a task and cancels it
         at the end of the grace period."""
         context = begin(scope)
-        route = infer_route(scope["path"])
-        assert route is not None  # takes() said so
+        route: tuple[str, str | None] = scope[_ROUTE_KEY]  # takes() found it
         try:  # admitted by takes()
             headers = dict(scope["headers"])
             body = decoded_body(body, headers, self.state.settings.max_request_bytes)

@@ -26,6 +26,8 @@ _LE_LENGTH = struct.Struct("<I")
 MAX_DIMS = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
 """The most dimensions numpy gives an array (NPY_MAXDIMS: 32 before numpy 2)."""
 _UNCLASSIFIABLE = frozenset({"BYTES", "BOOL"})
+_LITTLE_ENDIAN = {d: numpy_dtype(d).newbyteorder("<") for d in ELEMENT_SIZE if d != "BF16"}
+"""The numpy dtype of every fixed-size V2 datatype, little-endian as the binary extension is."""
 
 
 @dataclass
@@ -259,7 +261,9 @@ def _from_binary(chunk: memoryview, datatype: str, shape: list[int], where: str)
             where, f"is {len(chunk)} bytes but shape {shape} of {datatype} needs {expected}"
         )
     # The extension is little-endian; frombuffer views the request body without copying.
-    dtype = numpy_dtype(datatype).newbyteorder("<")
+    dtype = _LITTLE_ENDIAN.get(datatype)
+    if dtype is None:  # BF16: numpy has none (a KeyError, as before)
+        dtype = numpy_dtype(datatype).newbyteorder("<")
     return np.frombuffer(chunk, dtype=dtype).reshape(shape)
 
 

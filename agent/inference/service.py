@@ -109,6 +109,7 @@ class InferenceService:
                 if not answer.done():
                     answer.set_exception(exc)
                 return
+            answer.remove_done_callback(given_up)  # nothing to give up any more
             result = done.result()
             total = time.monotonic() - started
             lv.stats.record_success(total, result.queue_s, result.compute_s)
