@@ -3,10 +3,11 @@ environment variables (``__`` for nesting), then command-line flags."""
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -25,6 +26,7 @@ class AgentSettings(BaseSettings):
         frozen=True,
         extra="forbid",
         use_attribute_docstrings=True,
+        hide_input_in_errors=True,  # an error about the whole model would print its secrets
     )
 
     model_repository: Path = Path("models")
@@ -78,6 +80,11 @@ class AgentSettings(BaseSettings):
     comments (a bare key must not contain a colon). Read at start-up; adds to ``api_key``."""
     api_key_open_paths: tuple[str, ...] = ("/v2/health/live", "/v2/health/ready")
     """Paths served without a key, for probes."""
+    allow_unauthenticated: bool = False
+    """Listen beyond loopback without API keys. Off, an agent told to listen on any other
+    address (``0.0.0.0``, a LAN address, a host name) refuses to start until ``api_key`` or
+    ``api_keys_file`` is set: whoever reached that address could otherwise run, load and unload
+    its models. A Unix socket (``uds``) is guarded by its file mode instead."""
     rate_limit_per_s: float | None = Field(default=None, gt=0)
     """Requests per second per client (per API key, or per address without keys); 429 with
     Retry-After beyond. Off when unset."""
@@ -100,6 +107,23 @@ class AgentSettings(BaseSettings):
     fleet: FleetSettings = FleetSettings()
     """The fleet client (MQTT); off unless fleet.mqtt_url is set."""
 
+    @model_validator(mode="after")
+    def _exposed_needs_a_key(self) -> AgentSettings:
+        if (
+            self.uds is None
+            and not is_loopback(self.host)
+            and self.api_key is None
+            and self.api_keys_file is None
+            and not self.allow_unauthenticated
+        ):
+            raise ValueError(
+                f"host {self.host!r} is beyond loopback and no API key is set: set api_key or "
+                "api_keys_file (EDGEFLEET_AGENT_API_KEY, EDGEFLEET_AGENT_API_KEYS_FILE), listen "
+                "on 127.0.0.1 or a Unix socket (uds), or, on a network you trust, set "
+                "allow_unauthenticated (EDGEFLEET_AGENT_ALLOW_UNAUTHENTICATED=true)"
+            )
+        return self
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -110,6 +134,17 @@ class AgentSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (or ``localhost``); a host name is not, since
+    what it resolves to may change."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 S = TypeVar("S", bound=BaseSettings)

@@ -25,6 +25,7 @@ class ControlPlaneSettings(BaseSettings):
         frozen=True,
         extra="forbid",
         use_attribute_docstrings=True,
+        hide_input_in_errors=True,  # an error about the whole model would print its secrets
     )
 
     db_url: str = "sqlite+aiosqlite:///var/control-plane/edgefleet.db"

@@ -12,7 +12,12 @@ class RuntimeSettings(BaseModel):
     """Tuning shared by the backends. Per-candidate options in a hardware profile override
     the backend-specific ones."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        hide_input_in_errors=True,  # an error about the whole model would print its secrets
+    )
 
     intra_op_threads: int = Field(default=0, ge=0)
     """Threads one inference may use; 0 lets the backend choose (all physical cores)."""

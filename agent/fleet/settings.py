@@ -13,7 +13,12 @@ from agent.protocol.topics import valid_device_id
 
 
 class FleetSettings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        hide_input_in_errors=True,  # an error about the whole model would print its secrets
+    )
 
     mqtt_url: str | None = None
     """mqtt://host:port or mqtts://host:port; None turns the fleet client off."""

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from agent.api.access import ApiKeys
 from agent.settings import AgentSettings
@@ -187,3 +191,58 @@ def test_a_trusted_proxy_names_the_client_for_the_rate_limit(
         assert "client 10.0.0.7 is over" in get(agent, "/v2", **behind).json()["error"]
         # another client behind the same proxy has its own bucket
         assert get(agent, "/v2", **{"X-Forwarded-For": "10.0.0.8"}).status_code == 200
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "192.168.1.20", "edge-01.local"])
+def test_listening_beyond_loopback_needs_a_key(host: str, tmp_path: Path) -> None:
+    """Whoever reaches such an address could run, load and unload the agent's models: without
+    a key the settings are refused, naming the ways out."""
+    with pytest.raises(ValidationError, match="beyond loopback and no API key") as refused:
+        AgentSettings(host=host)
+    assert "EDGEFLEET_AGENT_ALLOW_UNAUTHENTICATED" in str(refused.value)
+    keys = tmp_path / "keys"
+    keys.write_text(f"app:{KEY}\n")
+    assert AgentSettings(host=host, api_key=KEY).host == host
+    assert AgentSettings(host=host, api_keys_file=keys).api_keys_file == keys
+    assert AgentSettings(host=host, allow_unauthenticated=True).allow_unauthenticated
+    # a Unix socket replaces the TCP listener; its file mode guards it
+    assert AgentSettings(host=host, uds=tmp_path / "agent.sock").uds is not None
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.8.0.1", "::1", "[::1]", "localhost"])
+def test_loopback_needs_no_key(host: str) -> None:
+    assert AgentSettings(host=host).api_key is None
+
+
+def test_a_refused_setting_does_not_print_the_secrets_beside_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An error about the settings as a whole printed their input, the broker's password in it
+    (the command line shows the error as it is)."""
+    password = "broker-pass-4b1d9e0c7a"
+    monkeypatch.setenv("EDGEFLEET_AGENT_FLEET__PASSWORD", password)
+    monkeypatch.setenv("EDGEFLEET_AGENT_FLEET__MQTT_URL", "mqtt://broker.example:1883")
+    monkeypatch.setenv("EDGEFLEET_AGENT_HOST", "0.0.0.0")
+    with pytest.raises(ValidationError) as refused:
+        AgentSettings()
+    assert "beyond loopback" in str(refused.value) and password not in str(refused.value)
+    monkeypatch.setenv("EDGEFLEET_AGENT_HOST", "127.0.0.1")
+    monkeypatch.setenv("EDGEFLEET_AGENT_FLEET__MQTT_PROTOCOL", "3.1.1")
+    monkeypatch.setenv("EDGEFLEET_AGENT_FLEET__WILL_DELAY_S", "5")
+    with pytest.raises(ValidationError) as refused:
+        AgentSettings()
+    assert "will_delay_s" in str(refused.value) and password not in str(refused.value)
+
+
+def test_the_agent_exposed_without_a_key_does_not_start(example_repo: Path, tmp_path: Path) -> None:
+    exe = Path(sys.executable).parent / "edgefleet"
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    result = subprocess.run(
+        [str(exe), "agent", "--model-repository", str(repo), "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("EDGEFLEET_")},
+    )
+    assert result.returncode != 0
+    assert "beyond loopback and no API key" in result.stderr

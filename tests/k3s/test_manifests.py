@@ -170,6 +170,13 @@ def test_settings_in_the_manifests_are_the_agent_and_control_plane_settings(
         monkeypatch.undo()
         if isinstance(settings, AgentSettings):
             assert settings.host == "0.0.0.0" and settings.port == 8000
+            # listening beyond loopback, it needs its keys: a file of the Secret's, mounted
+            assert settings.api_keys_file is not None and settings.api_key is None
+            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+            keys_volume = volumes[mounts[str(settings.api_keys_file.parent)]]
+            assert keys_volume["secret"]["secretName"] == "edgefleet-agent-api-keys"
+            assert "/metrics" in settings.api_key_open_paths  # Prometheus scrapes it
             assert settings.fleet.enabled and settings.fleet.device_id == "node-1"
             assert settings.fleet.labels["runtime"] == "kubernetes"
             profile = settings.profile
