@@ -150,6 +150,8 @@ class Batcher:
         """A scheduling pass is due in this turn of the event loop (:meth:`_poke`)."""
         self._wake: asyncio.TimerHandle | None = None
         """The next pass nothing else would start: a batching delay, a hold, a deadline."""
+        self._wake_at = 0.0
+        """When ``_wake`` is due (``time.monotonic``; the loop's own clock may differ)."""
         self._timed = 0
         """Requests with a queue deadline and no answer yet: while there are none, a pass looks
         for neither expired requests nor the next deadline."""
@@ -338,13 +340,14 @@ class Batcher:
         self._update_idle()
         wake_at = self._next_wake()
         if self._wake is not None:
-            if wake_at is not None and self._wake.when() == wake_at:
+            if wake_at == self._wake_at:
                 return
             self._wake.cancel()
             self._wake = None
         if wake_at is not None:
             assert self._loop is not None  # poked
-            self._wake = self._loop.call_at(wake_at, self._woken)
+            self._wake = self._loop.call_later(max(wake_at - now, 0), self._woken)
+            self._wake_at = wake_at
 
     def _woken(self) -> None:
         self._wake = None
