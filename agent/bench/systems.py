@@ -91,7 +91,7 @@ def _first_inference(
 
 
 @contextmanager
-def _process(
+def server_process(
     name: str,
     args: list[str],
     env: dict[str, str],
@@ -117,7 +117,7 @@ def _process(
             proc.wait()
 
 
-def _quiet_env(**extra: str) -> dict[str, str]:
+def quiet_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
 
 
@@ -140,14 +140,14 @@ def agent(
         (repository / model / "config.toml").write_text(text)
     port = free_port()
     exe = Path(sys.executable).parent / "edgefleet"
-    environment = _quiet_env(
+    environment = quiet_env(
         EDGEFLEET_AGENT_ACCESS_LOG="false", EDGEFLEET_AGENT_LOG_LEVEL="WARNING", **(env or {})
     )
     if cache_dir is not None:
         environment["EDGEFLEET_AGENT_RUNTIME__CACHE_DIR"] = str(cache_dir)
     args = [str(exe), "agent", "--model-repository", str(repository), "--port", str(port)]
     name = "agent" if batching else "agent-nobatch"
-    return _process(name, args, environment, port, model, probe_body, logs / f"{name}.log")
+    return server_process(name, args, environment, port, model, probe_body, logs / f"{name}.log")
 
 
 def fastapi_endpoint(
@@ -167,8 +167,8 @@ def fastapi_endpoint(
         "--log-level",
         "warning",
     ]
-    env = _quiet_env(EDGEFLEET_BENCH_MODEL=str(model_file))
-    return _process("fastapi", args, env, port, model, probe_body, logs / "fastapi.log")
+    env = quiet_env(EDGEFLEET_BENCH_MODEL=str(model_file))
+    return server_process("fastapi", args, env, port, model, probe_body, logs / "fastapi.log")
 
 
 def lean_server(
@@ -186,7 +186,7 @@ def lean_server(
         "--instances",
         str(instances),
     ]
-    return _process("lean", args, _quiet_env(), port, model, probe_body, logs / "lean.log")
+    return server_process("lean", args, quiet_env(), port, model, probe_body, logs / "lean.log")
 
 
 def ensure_mlserver_venv(venv: Path = DEFAULT_MLSERVER_VENV) -> Path:
@@ -239,9 +239,9 @@ def mlserver(
     }
     (model_dir / "model-settings.json").write_text(json.dumps(model_settings))
     batch_log = root / "batches.log"
-    env = _quiet_env(EDGEFLEET_BENCH_BATCH_LOG=str(batch_log), PYTHONPATH=str(root))
+    env = quiet_env(EDGEFLEET_BENCH_BATCH_LOG=str(batch_log), PYTHONPATH=str(root))
     env.pop("VIRTUAL_ENV", None)
-    with _process(
+    with server_process(
         "mlserver",
         [str(exe), "start", str(root)],
         env,

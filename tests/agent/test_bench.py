@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from agent.bench.ab import Variant, compare
+from agent.bench.calls import count_calls
 from agent.bench.loadgen import build_request
 from agent.bench.serving import binary_request
 from tests.agent.server import copy_models, serve
@@ -80,3 +81,17 @@ def test_ab_refuses_a_variant_it_could_not_name_a_directory_after() -> None:
         Variant.parse('{"name": "../x"}')
     with pytest.raises(SystemExit, match="unknown keys"):
         Variant.parse('{"name": "x", "confg": ""}')
+
+
+def test_call_count_counts_the_event_loops_calls_per_request() -> None:
+    """The agent under the counting hook answers, and the counts are the loop's: the V2
+    decoder and the batcher's submission are there once or more per request, the instances'
+    threads (which run the batches) are not."""
+    report = count_calls("mlp", "json", 2, 1.0, "", top=400)
+    assert report["requests"] > 0
+    functions = report["by_function"]
+    decoded = [n for name, n in functions.items() if name.startswith("v2_codec.py:") and
+               name.endswith(":decode_request")]  # fmt: skip
+    assert decoded and decoded[0] >= 1.0
+    assert not any(name.endswith(":run_batch") for name in functions)  # an instance's thread
+    assert 50 < report["calls_per_request"] < 5000
