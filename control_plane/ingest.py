@@ -11,34 +11,39 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
-import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import BigInteger, Float, Integer, String, Table, bindparam, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import DATETIME as SQLITE_DATETIME
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Dialect
+from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from agent.protocol.messages import (
-    DeviceStatus,
-    DeviceTelemetry,
-    ModelTelemetry,
-    Telemetry,
-    UpdateEvent,
-)
+from agent.protocol.messages import DeviceStatus, Telemetry, UpdateEvent
+from control_plane.db.bulk import execute_many, insert_ignore, insert_rows, raw_last_seen
 from control_plane.db.models import Device, DeviceSample, TelemetrySample, UpdateEventRecord
 from control_plane.db.session import database_unavailable
-from control_plane.fastdecode import Bounds, FastDecoder, tighten
-from control_plane.metrics import FleetMetrics, VersionSums
+from control_plane.fastdecode import FastDecoder
+from control_plane.metrics import FleetMetrics
+from control_plane.rows import (
+    DEVICE_ID,
+    DEVICE_SAMPLE_COLUMNS,
+    PREPARED,
+    SAMPLE_COLUMNS,
+    STORED_SAMPLE_COLUMNS,
+    Row,
+    check_rows,
+    column_checks,
+    event_row,
+    per_version,
+    storable_bounds,
+    telemetry_rows,
+    telemetry_time,
+    unstorable,
+    utc,
+)
 
 log = logging.getLogger("edgefleet.control_plane.ingest")
 
@@ -49,183 +54,6 @@ RETRY_MIN_S = 0.1
 RETRY_MAX_S = 5.0
 """Backoff between writes while the database is unreachable."""
 M = TypeVar("M", bound=BaseModel)
-
-
-async def insert_ignore(
-    session: AsyncSession,
-    table: Any,
-    rows: list[dict[str, Any]],
-) -> None:
-    """INSERT ... ON CONFLICT DO NOTHING, in the dialect of the session's database, of rows
-    that all have the same keys."""
-    if rows:
-        names = tuple(rows[0])
-        await insert_rows(session, table, names, _tuples(names, rows))
-
-
-async def insert_rows(
-    session: AsyncSession,
-    table: Any,
-    names: tuple[str, ...],
-    rows: list[tuple[Any, ...]],
-    prepared: frozenset[str] = frozenset(),
-) -> None:
-    """INSERT ... ON CONFLICT DO NOTHING of rows given as tuples of the columns ``names``.
-
-    They go to the driver's executemany through a statement and bind processors prepared once
-    per table: SQLAlchemy's per-row parameter processing cost more than the database's own
-    work at thousands of telemetry messages a second. The columns in ``prepared`` already
-    hold what the driver takes (:func:`driver_time`): rows whose other columns need no
-    processing go to the driver as they are."""
-    if not rows:
-        return
-    conn = await session.connection()
-    raw = _raw_insert(conn.dialect, table, names)
-    if raw is None:  # a driver whose parameter style we do not write by hand
-        if prepared:
-            raise ValueError(f"{conn.dialect.name}: prepared values but no hand-made statement")
-        dialect = conn.dialect.name
-        stmt = (pg_insert if dialect == "postgresql" else sqlite_insert)(table)
-        await session.execute(
-            stmt.on_conflict_do_nothing(), [dict(zip(names, row, strict=True)) for row in rows]
-        )
-        return
-    await conn.exec_driver_sql(raw.sql, raw.params(rows, prepared))
-
-
-async def execute_many(
-    session: AsyncSession,
-    raw: Callable[[Dialect], RawStatement | None],
-    fallback: Any,
-    rows: list[dict[str, Any]],
-) -> None:
-    """Run the statement ``raw`` prepares for the session's dialect once per row (``fallback``,
-    a Core statement, where it prepares none)."""
-    if not rows:
-        return
-    conn = await session.connection()
-    statement = raw(conn.dialect)
-    if statement is None:
-        await session.execute(fallback, rows)
-    else:
-        await conn.exec_driver_sql(statement.sql, statement.params(_tuples(statement.names, rows)))
-
-
-def _tuples(names: tuple[str, ...], rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    return [tuple([row[n] for n in names]) for row in rows]
-
-
-@dataclass(frozen=True)
-class RawStatement:
-    """A statement in the driver's own parameter style, and per parameter the bind processor
-    SQLAlchemy would apply (a datetime to SQLite's text form, say)."""
-
-    sql: str
-    names: tuple[str, ...]
-    processors: tuple[Callable[[Any], Any] | None, ...]
-
-    def params(
-        self, rows: list[tuple[Any, ...]], prepared: frozenset[str] = frozenset()
-    ) -> list[tuple[Any, ...]]:
-        """The rows (tuples in the order of ``names``) with their values processed, but for
-        the columns in ``prepared``: with none left to process, the rows themselves."""
-        fixes = [
-            (i, f)
-            for i, (f, n) in enumerate(zip(self.processors, self.names, strict=True))
-            if f is not None and n not in prepared
-        ]
-        if not fixes:
-            return rows
-        out: list[tuple[Any, ...]] = []
-        for row in rows:
-            values = list(row)
-            for i, f in fixes:
-                if (value := values[i]) is not None:
-                    values[i] = f(value)
-            out.append(tuple(values))
-        return out
-
-
-def _placeholder(dialect: Dialect) -> str | None:
-    return {"qmark": "?", "format": "%s", "pyformat": "%s"}.get(dialect.paramstyle)
-
-
-def _processors(dialect: Dialect, table: Any, names: tuple[str, ...]) -> tuple[Any, ...]:
-    out = []
-    for n in names:
-        impl = table.c[n].type.dialect_impl(dialect)
-        processor = impl.bind_processor(dialect)
-        if isinstance(impl, SQLITE_DATETIME) and impl._storage_format == SQLITE_DATETIME_FORMAT:
-            processor = functools.partial(_sqlite_datetime, processor)
-        out.append(processor)
-    return tuple(out)
-
-
-SQLITE_DATETIME_FORMAT = (
-    "%(year)04d-%(month)02d-%(day)02d %(hour)02d:%(minute)02d:%(second)02d.%(microsecond)06d"
-)
-"""SQLAlchemy's default storage format for SQLite datetimes, which ``_sqlite_datetime`` writes."""
-
-
-def _sqlite_datetime(general: Callable[[Any], Any], value: Any) -> Any:
-    """SQLAlchemy's text form of a datetime in SQLite (its wall time, microseconds always),
-    from its fields: the general processor (a %-format of a dict) was a tenth of the control
-    plane's ingest time, and ``isoformat`` of an aware time asks its tzinfo for the offset
-    (pydantic's, a call out of C and back: 1.3 us against 0.75 here)."""
-    if type(value) is datetime:
-        return "%04d-%02d-%02d %02d:%02d:%02d.%06d" % (  # noqa: UP031 (the fastest form)
-            value.year,
-            value.month,
-            value.day,
-            value.hour,
-            value.minute,
-            value.second,
-            value.microsecond,
-        )
-    return general(value)
-
-
-def driver_time(dialect: Dialect) -> Callable[[datetime], Any] | None:
-    """What turns a UTC datetime into the value the driver takes for a DateTime column (the
-    bind processor SQLAlchemy would apply; the datetime itself where there is none), for
-    rows built once per message with it; None where ingest writes through SQLAlchemy."""
-    table = DeviceSample.__table__
-    if _raw_insert(dialect, table, DEVICE_SAMPLE_COLUMNS) is None:
-        return None
-    (processor,) = _processors(dialect, table, ("time",))
-    return processor or _same
-
-
-def _same(at: datetime) -> datetime:
-    return at
-
-
-@functools.cache
-def _raw_insert(dialect: Dialect, table: Any, names: tuple[str, ...]) -> RawStatement | None:
-    mark = _placeholder(dialect)
-    if mark is None or dialect.name not in ("sqlite", "postgresql"):
-        return None
-    quote = dialect.identifier_preparer.quote
-    sql = (
-        f"INSERT INTO {dialect.identifier_preparer.format_table(table)} "
-        f"({', '.join(quote(n) for n in names)}) VALUES ({', '.join([mark] * len(names))}) "
-        "ON CONFLICT DO NOTHING"
-    )
-    return RawStatement(sql, names, _processors(dialect, table, names))
-
-
-@functools.cache
-def _raw_last_seen(dialect: Dialect) -> RawStatement | None:
-    mark = _placeholder(dialect)
-    if mark is None:
-        return None
-    table = Device.__table__
-    quote = dialect.identifier_preparer.quote
-    sql = (
-        f"UPDATE {dialect.identifier_preparer.format_table(table)} "
-        f"SET {quote('last_seen')} = {mark} WHERE {quote('id')} = {mark}"
-    )
-    return RawStatement(sql, ("seen", "device"), _processors(dialect, table, ("last_seen", "id")))
 
 
 class Ingestor:
@@ -267,10 +95,10 @@ class Ingestor:
         self.last_seen_resolution = timedelta(seconds=last_seen_resolution_s)
         self._seen_written: dict[str, datetime] = {}
         engine = sessions.kw.get("bind")
-        self._driver_time = driver_time(engine.dialect) if engine is not None else None
+        self._driver_time = telemetry_time(engine.dialect) if engine is not None else None
         """Telemetry times are put in the driver's form as messages arrive, once each."""
-        self._device_checks = _checks(DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS)
-        self._sample_checks = _checks(TelemetrySample.__table__, SAMPLE_COLUMNS)
+        self._device_checks = column_checks(DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS)
+        self._sample_checks = column_checks(TelemetrySample.__table__, SAMPLE_COLUMNS)
         self._fast_telemetry = FastDecoder(Telemetry, storable_bounds())
 
     # -- entry points (called by the MQTT adapter) ----------------------------------------
@@ -353,19 +181,19 @@ class Ingestor:
         if message is None:
             _call(ack)
             return
-        at = _utc(message.time)
+        at = utc(message.time)
         form = self._driver_time
         device, samples = telemetry_rows(message, at if form is None else form(at))
         # Checked here, one message at a time: a value the database refuses would otherwise
         # fail the whole batch, and with it other devices' telemetry.
         if checked and (
-            why := _checked(self._device_checks, (device,))
-            or _checked(self._sample_checks, samples)
+            why := check_rows(self._device_checks, (device,))
+            or check_rows(self._sample_checks, samples)
         ):
             self.reject("telemetry", "out_of_range", device_id, why)
             _call(ack)
         else:
-            self._enqueue("telemetry", device_id, ("telemetry", (device, samples, at), ack))
+            self._enqueue("telemetry", device_id, ("telemetry", (device, samples), ack))
 
     def event(self, device_id: str, payload: bytes, ack: Ack | None = None) -> None:
         event = self._parse("events", UpdateEvent, device_id, payload)
@@ -480,8 +308,8 @@ class Ingestor:
                 log.exception("update events not acted on", extra={"events": len(events)})
 
     async def _write(self, batch: list[tuple[str, Any, Ack | None]]) -> None:
-        samples: list[tuple[Any, ...]] = []
-        devices: list[tuple[Any, ...]] = []
+        samples: list[Row] = []
+        devices: list[Row] = []
         events: list[UpdateEvent] = []
         statuses: list[DeviceStatus] = []
         # last_seen and the windows' received_at are the control plane's time, not the
@@ -497,7 +325,7 @@ class Ingestor:
             if kind == "status":
                 statuses.append(message)
                 continue
-            device_row, sample_rows, _at = message
+            device_row, sample_rows = message
             seen[device_row[DEVICE_ID]] = now
             devices.append(device_row)
             samples.extend(sample_rows)
@@ -531,7 +359,7 @@ class Ingestor:
                 devices_table = cast(Table, Device.__table__)
                 await execute_many(
                     session,
-                    _raw_last_seen,
+                    raw_last_seen,
                     update(devices_table)
                     .where(devices_table.c.id == bindparam("device"))
                     .values(last_seen=bindparam("seen")),
@@ -595,15 +423,6 @@ class Ingestor:
         return came_online
 
 
-def _utc(at: datetime) -> datetime:
-    """``at`` in UTC (a device's naive time is taken as UTC), so times compare: SQLite keeps
-    a datetime's wall time and drops its offset. A time in UTC already (what agents send) is
-    returned as it is: no new object per message."""
-    if at.tzinfo is None:
-        return at.replace(tzinfo=UTC)
-    return at.astimezone(UTC) if at.utcoffset() else at
-
-
 def _call(ack: Ack | None) -> None:
     if ack is not None:
         ack()
@@ -612,214 +431,3 @@ def _call(ack: Ack | None) -> None:
 def _ack_all(batch: list[tuple[str, Any, Ack | None]]) -> None:
     for *_, ack in batch:
         _call(ack)
-
-
-DEVICE_SAMPLE_COLUMNS = (
-    "device_id",
-    "seq",
-    "time",
-    "cpu_percent",
-    "memory_used_bytes",
-    "temperature_c",
-    "dropped",
-)
-SAMPLE_COLUMNS = (
-    "device_id",
-    "seq",
-    "time",
-    "window_s",
-    "model",
-    "version",
-    "requests",
-    "errors",
-    "rows",
-    "batches",
-    "p50_ms",
-    "p95_ms",
-    "p99_ms",
-    "queue_depth",
-)
-STORED_SAMPLE_COLUMNS = (*SAMPLE_COLUMNS, "received_at")
-"""The telemetry rows as written: a message's (SAMPLE_COLUMNS), then when its batch is written."""
-DEVICE_ID = DEVICE_SAMPLE_COLUMNS.index("device_id")
-PREPARED = frozenset(
-    {"time", "received_at"}  # times
-    | {"cpu_percent", "temperature_c", "window_s", "p50_ms", "p95_ms", "p99_ms"}  # floats
-)
-"""Columns of the telemetry rows that hold what the driver takes already: the times (put in its
-form by :func:`driver_time`) and the floats (floats, validated as such by the message's model;
-SQLite's processor would only call ``float`` on them). With these, no value of a telemetry row
-is processed again: the rows go to the driver as they are."""
-MODEL, VERSION, REQUESTS, ERRORS, ROWS, P99 = (
-    SAMPLE_COLUMNS.index(c) for c in ("model", "version", "requests", "errors", "rows", "p99_ms")
-)
-
-
-def telemetry_rows(t: Telemetry, at: Any) -> tuple[tuple[Any, ...], list[tuple[Any, ...]]]:
-    """The device_telemetry row and the telemetry rows (one per model) of a message, as tuples
-    of DEVICE_SAMPLE_COLUMNS and SAMPLE_COLUMNS (ingest builds them for every message), with
-    ``at`` for the time: the message's in UTC, or that in the driver's form."""
-    d = t.device
-    device = (
-        t.device_id,
-        t.seq,
-        at,
-        d.cpu_percent,
-        d.memory_used_bytes,
-        d.temperature_c,
-        t.dropped,
-    )
-    samples = [
-        (
-            t.device_id,
-            t.seq,
-            at,
-            t.window_s,
-            m.model,
-            m.version,
-            m.requests,
-            m.errors,
-            m.rows,
-            m.batches,
-            m.p50_ms,
-            m.p95_ms,
-            m.p99_ms,
-            m.queue_depth,
-        )
-        for m in t.models
-    ]
-    return device, samples
-
-
-def per_version(samples: list[tuple[Any, ...]]) -> dict[tuple[str, int], VersionSums]:
-    """Telemetry rows (SAMPLE_COLUMNS) summed per model version, for the fleet's counters."""
-    out: dict[tuple[str, int], VersionSums] = {}
-    for s in samples:
-        key = (s[MODEL], s[VERSION])
-        sums = out.get(key)
-        if sums is None:
-            sums = out[key] = VersionSums()
-        sums.requests += s[REQUESTS]
-        sums.errors += s[ERRORS]
-        sums.rows += s[ROWS]
-        if (p99 := s[P99]) is not None and (sums.worst_p99_ms is None or p99 > sums.worst_p99_ms):
-            sums.worst_p99_ms = p99
-    return out
-
-
-def event_row(e: UpdateEvent) -> dict[str, Any]:
-    return {
-        "event_id": e.event_id,
-        "device_id": e.device_id,
-        "time": _utc(e.time),
-        "model": e.model,
-        "version": e.version,
-        "sequence": e.sequence,
-        "rollout_id": e.rollout_id,
-        "state": e.state.value,
-        "code": e.code,
-        "reason": e.reason,
-    }
-
-
-INT_BOUNDS = {Integer: 2**31, BigInteger: 2**63}
-COUNTS = frozenset({"requests", "errors", "rows", "batches", "queue_depth", "dropped", "seq"})
-"""Columns that only count up: a negative value would also fail the fleet's Prometheus counters."""
-
-
-@dataclass(frozen=True)
-class _Checks:
-    """What the columns of a row can refuse, by position in the row: string lengths, integer
-    bounds (and which integers only count up), and the floats (SQLite stores NaN and infinity
-    as NULL)."""
-
-    lengths: tuple[tuple[int, str, int], ...]
-    bounds: tuple[tuple[int, str, int, str, bool], ...]
-    floats: tuple[tuple[int, str], ...]
-
-
-@functools.cache
-def _checks(table: Any, names: tuple[str, ...]) -> _Checks:
-    """Read once per table and row shape: looking columns up per value cost more than parsing
-    the message."""
-    lengths, bounds, floats = [], [], []
-    for i, name in enumerate(names):
-        kind = table.c[name].type
-        if isinstance(kind, String) and kind.length is not None:
-            lengths.append((i, name, kind.length))
-        elif (bound := INT_BOUNDS.get(type(kind))) is not None:
-            bounds.append((i, name, bound, type(kind).__name__, name in COUNTS))
-        elif isinstance(kind, Float):
-            floats.append((i, name))
-    return _Checks(tuple(lengths), tuple(bounds), tuple(floats))
-
-
-TELEMETRY_TABLES: tuple[tuple[type[BaseModel], Any, tuple[str, ...]], ...] = (
-    (Telemetry, DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS),
-    (DeviceTelemetry, DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS),
-    (Telemetry, TelemetrySample.__table__, SAMPLE_COLUMNS),
-    (ModelTelemetry, TelemetrySample.__table__, SAMPLE_COLUMNS),
-)
-"""Which message's fields fill which table's columns, by name (see :func:`telemetry_rows`)."""
-
-
-def storable_bounds() -> Bounds:
-    """What the telemetry tables store, as limits on the fields of a telemetry message, for its
-    fast decoder: the checks of :func:`unstorable_rows` (string lengths, integer bounds, counts
-    not negative, floats finite), so a message within them needs none."""
-    out: dict[type[BaseModel], dict[str, dict[str, Any]]] = {}
-    for model, table, columns in TELEMETRY_TABLES:
-        checks = _checks(table, columns)
-        limits: list[tuple[str, str, Any]] = [
-            ("max_length", n, size) for _, n, size in checks.lengths
-        ]
-        for _, name, bound, _, count in checks.bounds:
-            # (msgspec takes no bound past an int64: le, not lt)
-            limits += [("ge", name, 0 if count else -bound), ("le", name, bound - 1)]
-        for _, name in checks.floats:
-            limits += [("ge", name, -sys.float_info.max), ("le", name, sys.float_info.max)]
-        for key, name, value in limits:
-            if name in model.model_fields:
-                tighten(out.setdefault(model, {}).setdefault(name, {}), key, value)
-    return out
-
-
-def unstorable(table: Any, rows: list[dict[str, Any]]) -> str | None:
-    """Why one of these rows cannot be stored (an integer beyond its column, a negative count, a
-    string longer than its column, a NaN or infinity where SQLite stores NULL), else None."""
-    for row in rows:
-        names = tuple(row)
-        if why := unstorable_rows(table, names, [tuple(row.values())]):
-            return why
-    return None
-
-
-def unstorable_rows(table: Any, names: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str | None:
-    """:func:`unstorable` for rows given as tuples of the columns ``names``: the checks are by
-    position, prepared once per row shape (ingest keeps its own, see ``Ingestor.telemetry``)."""
-    return _checked(_checks(table, names), rows)
-
-
-def _checked(checks: _Checks, rows: Sequence[tuple[Any, ...]]) -> str | None:
-    try:
-        return _unstorable(checks, rows)
-    except TypeError as exc:  # a value of another type than its column's
-        return f"a value of the wrong type: {exc}"
-
-
-def _unstorable(checks: _Checks, rows: Sequence[tuple[Any, ...]]) -> str | None:
-    for row in rows:
-        for i, name, length in checks.lengths:
-            if (text := row[i]) is not None and len(text) > length:
-                return f"{name}: {len(text)} characters, at most {length}"
-        for i, name, bound, type_name, count in checks.bounds:
-            if (number := row[i]) is None:
-                continue
-            if not -bound <= number < bound:
-                return f"{name}: {number} does not fit a {type_name} column"
-            if count and number < 0:
-                return f"{name}: {number} is negative"
-        for i, name in checks.floats:
-            if (number := row[i]) is not None and not math.isfinite(number):
-                return f"{name}: {number} is not a finite number"
-    return None

@@ -11,9 +11,9 @@ from typing import Any
 from sqlalchemy import Select, delete, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from control_plane.db.bulk import insert_ignore
 from control_plane.db.models import DeviceSample, TelemetryRollup, TelemetrySample
 from control_plane.db.session import stored_utc
-from control_plane.ingest import insert_ignore
 from control_plane.settings import ControlPlaneSettings
 
 log = logging.getLogger("edgefleet.control_plane.maintenance")

@@ -25,7 +25,7 @@ from agent.protocol.messages import (
 )
 from control_plane.db.models import DeviceSample, TelemetrySample
 from control_plane.fastdecode import FastDecoder, mirror
-from control_plane.ingest import (
+from control_plane.rows import (
     DEVICE_SAMPLE_COLUMNS,
     SAMPLE_COLUMNS,
     TELEMETRY_TABLES,

@@ -14,21 +14,19 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import DateTime
 
+from control_plane.db.bulk import insert_rows, processors, raw_insert, sqlite_datetime
 from control_plane.db.models import DeviceSample, TelemetrySample
 from control_plane.db.session import make_engine, migrate, session_factory
-from control_plane.ingest import (
+from control_plane.ingest import Ingestor
+from control_plane.metrics import FleetMetrics
+from control_plane.rows import (
     DEVICE_SAMPLE_COLUMNS,
     PREPARED,
     SAMPLE_COLUMNS,
     STORED_SAMPLE_COLUMNS,
-    Ingestor,
-    _processors,
-    _raw_insert,
-    _sqlite_datetime,
-    driver_time,
+    telemetry_time,
     unstorable_rows,
 )
-from control_plane.metrics import FleetMetrics
 
 TIMES = [
     datetime(2026, 12, 3, 7, 8, 9, 123456),
@@ -44,7 +42,7 @@ def test_sqlite_times_are_written_as_sqlalchemy_writes_them(at: datetime) -> Non
     dialect = sqlite.dialect()
     general = DateTime().dialect_impl(dialect).bind_processor(dialect)
     assert general is not None
-    assert _sqlite_datetime(general, at) == general(at)
+    assert sqlite_datetime(general, at) == general(at)
 
 
 def test_a_value_of_the_wrong_type_is_refused_with_a_reason_not_an_exception() -> None:
@@ -116,11 +114,11 @@ def test_telemetry_rows_are_stored_in_utc_once_and_counted(tmp_path: Path) -> No
 def test_telemetry_rows_go_to_the_driver_as_they_are(dialect: Dialect) -> None:
     """Built once per message with the time in the driver's form, a batch's rows need no
     processing: params hands the list itself over (no copy per row)."""
-    form = driver_time(dialect)
+    form = telemetry_time(dialect)
     assert form is not None
     when = datetime(2026, 12, 3, 7, 8, 9, 123456, tzinfo=UTC)
     at = form(when)
-    general = _processors(dialect, DeviceSample.__table__, ("time",))[0]
+    general = processors(dialect, DeviceSample.__table__, ("time",))[0]
     assert at == (general(when) if general else when)  # what SQLAlchemy's processor writes
     for table, names, row in (
         (DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS, ("d", 1, at, 1.5, 10, None, 0)),
@@ -130,7 +128,7 @@ def test_telemetry_rows_go_to_the_driver_as_they_are(dialect: Dialect) -> None:
             ("d", 1, at, 10.0, "mlp", 2, 5, 0, 5, 1, 1.0, None, 3.5, 0, at),
         ),
     ):
-        raw = _raw_insert(dialect, table, names)
+        raw = raw_insert(dialect, table, names)
         assert raw is not None
         rows = [row]
         assert raw.params(rows, prepared=PREPARED) is rows
@@ -185,3 +183,42 @@ def test_telemetry_waits_for_company_but_an_event_is_written_promptly(tmp_path: 
     assert waiting == 0
     assert stored == 2
     assert took < 15  # written with the event, not after the telemetry's 30 s
+
+
+def test_rows_many_to_a_statement_are_stored_as_one_a_statement_would_store_them(
+    db_url: str,
+) -> None:
+    """Several whole statements' worth and a rest, with duplicates in one statement, across two,
+    and of a row stored before: each key is stored once, with its first row's values."""
+    migrate(db_url)
+    table = TelemetrySample.__table__
+    base = datetime(2026, 12, 3, 7, 0, tzinfo=UTC)
+
+    def row(i: int, requests: int) -> tuple[object, ...]:
+        return (f"dev-{i % 7}", i, base + timedelta(seconds=i), 10.0, "mlp", 2, requests,
+                0, requests, 1, 1.0, None, 3.5, 0, base)  # fmt: skip
+
+    async def run() -> tuple[int, list[tuple[int, int]]]:
+        engine = make_engine(db_url)
+        sessions = session_factory(engine)
+        async with sessions.begin() as s:
+            per = raw_insert((await s.connection()).dialect, table, STORED_SAMPLE_COLUMNS)
+            assert per is not None
+            # one statement's worth exactly (no rest), then several and a rest
+            await insert_rows(s, table, STORED_SAMPLE_COLUMNS, [row(0, 5)] * per.per_statement)
+        rows = [row(i, 10 + i) for i in range(4 * per.per_statement + 3)]
+        rows[1] = row(0, 99)  # stored before
+        rows[3] = row(2, 99)  # in the same statement as the first
+        rows[-2] = row(4, 99)  # in another statement
+        async with sessions.begin() as s:
+            await insert_rows(s, table, STORED_SAMPLE_COLUMNS, rows)
+        async with sessions() as s:
+            stored = (await s.execute(select(table.c.seq, table.c.requests))).all()
+        await engine.dispose()
+        return per.per_statement, sorted((seq, requests) for seq, requests in stored)
+
+    per, stored = asyncio.run(run())
+    assert per < 100
+    n = 4 * per + 3
+    expected = {0: 5} | {i: 10 + i for i in range(2, n) if i not in (3, n - 2)}
+    assert stored == sorted(expected.items())

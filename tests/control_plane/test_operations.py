@@ -17,6 +17,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, func, select
 
 from control_plane.api.fleet import windows
+from control_plane.db.bulk import insert_ignore
 from control_plane.db.models import Base, TelemetryRollup, TelemetrySample
 from control_plane.db.session import (
     alembic_config,
@@ -25,7 +26,7 @@ from control_plane.db.session import (
     session_factory,
     sync_url,
 )
-from control_plane.ingest import Ingestor, insert_ignore
+from control_plane.ingest import Ingestor
 from control_plane.maintenance import compact, expired
 from control_plane.metrics import FleetMetrics
 from control_plane.settings import ControlPlaneSettings
