@@ -264,7 +264,11 @@ class Connection(asyncio.Protocol):
         while n - pos >= 2:
             head, length, i = data[pos], data[pos + 1], pos + 2
             if length & 0x80:
-                length, i = self._long_length(data, pos + 1)
+                # two bytes (128 B to 16 KiB: a device message) inline, longer ones by call
+                if n - pos > 2 and not (second := data[pos + 2]) & 0x80:
+                    length, i = (length & 0x7F) | (second << 7), pos + 3
+                else:
+                    length, i = self._long_length(data, pos + 1)
                 if length < 0:
                     self._need = n - pos + 1
                     return pos

@@ -83,13 +83,14 @@ def telemetry_time(dialect: Dialect) -> Callable[[datetime], Any] | None:
     return driver_time(dialect, DeviceSample.__table__, "time")
 
 
-def telemetry_rows(t: Telemetry, at: Any) -> tuple[Row, tuple[Row, ...]]:
-    """The device_telemetry row and the telemetry rows (one per model) of a message, as tuples
-    of DEVICE_SAMPLE_COLUMNS and SAMPLE_COLUMNS (ingest builds them for every message), with
-    ``at`` for the time: the message's in UTC, or that in the driver's form.
+def telemetry_rows(t: Telemetry, at: Any) -> tuple[Row, ...]:
+    """The rows of a telemetry message: its device_telemetry row (DEVICE_SAMPLE_COLUMNS), then
+    its telemetry rows (SAMPLE_COLUMNS), one per model, with ``at`` for the time (the message's
+    in UTC, or that in the driver's form). Ingest builds them for every message.
 
-    Tuples of plain values, not lists: the cyclic collector stops tracking such a tuple the
-    first time it looks at it, and ingest holds each message's rows for up to a second."""
+    All in one tuple of tuples of plain values: ingest holds each message's rows for up to a
+    second, and the fewer containers it holds the less the cyclic collector has to do (it
+    stops tracking such a tuple the first time it looks at it)."""
     d = t.device
     device = (
         t.device_id,
@@ -100,8 +101,9 @@ def telemetry_rows(t: Telemetry, at: Any) -> tuple[Row, tuple[Row, ...]]:
         d.temperature_c,
         t.dropped,
     )
-    samples = tuple(
-        [
+    return (
+        device,
+        *[
             (
                 t.device_id,
                 t.seq,
@@ -119,9 +121,8 @@ def telemetry_rows(t: Telemetry, at: Any) -> tuple[Row, tuple[Row, ...]]:
                 m.queue_depth,
             )
             for m in t.models
-        ]
+        ],
     )
-    return device, samples
 
 
 def per_version(samples: Sequence[Row]) -> dict[tuple[str, int], VersionSums]:

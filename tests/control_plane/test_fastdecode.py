@@ -301,7 +301,7 @@ def test_what_passes_the_tables_bounds_is_stored_unchecked_as_the_checks_would_s
                 continue
             accepted += 1
             _assert_same(_builtins(fast), _builtins(Telemetry.model_validate_json(raw)))
-            device, samples = telemetry_rows(fast, "2026-12-04 04:24:18.827846")
+            device, *samples = telemetry_rows(fast, "2026-12-04 04:24:18.827846")
             assert unstorable_rows(DeviceSample.__table__, DEVICE_SAMPLE_COLUMNS, [device]) is None
             assert unstorable_rows(TelemetrySample.__table__, SAMPLE_COLUMNS, samples) is None
     assert accepted and refused  # both sides of the bounds were reached
@@ -333,7 +333,7 @@ def test_each_field_fills_the_column_of_its_name() -> None:
     put it there."""
     fast = STORABLE.decode(json.dumps(GOOD).encode())
     assert fast is not None
-    device, samples = telemetry_rows(fast, "then")
+    device, *samples = telemetry_rows(fast, "then")
     rows = [(DEVICE_SAMPLE_COLUMNS, device), (SAMPLE_COLUMNS, samples[0])]
     sources = [(Telemetry, fast), (DeviceTelemetry, fast.device), (ModelTelemetry, fast.models[0])]
     checked = 0

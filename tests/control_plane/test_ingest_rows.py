@@ -4,6 +4,8 @@ fast paths must store exactly what SQLAlchemy's own would."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import gc
 import json
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -14,6 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import DateTime
 
+from control_plane.api.app import gc_thresholds
 from control_plane.db.bulk import insert_rows, processors, raw_insert, sqlite_datetime
 from control_plane.db.models import DeviceSample, TelemetrySample
 from control_plane.db.session import make_engine, migrate, session_factory
@@ -27,6 +30,7 @@ from control_plane.rows import (
     telemetry_time,
     unstorable_rows,
 )
+from control_plane.settings import ControlPlaneSettings
 
 TIMES = [
     datetime(2026, 12, 3, 7, 8, 9, 123456),
@@ -222,3 +226,44 @@ def test_rows_many_to_a_statement_are_stored_as_one_a_statement_would_store_them
     n = 4 * per + 3
     expected = {0: 5} | {i: 10 + i for i in range(2, n) if i not in (3, n - 2)}
     assert stored == sorted(expected.items())
+
+
+def test_what_ingest_holds_does_not_wake_the_collector(tmp_path: Path) -> None:
+    """Holding the most device messages it can (the broker's in-flight window, received and
+    not yet written), ingest makes no collection of the youngest generation run under the
+    control plane's thresholds; under the fixed ones it set before, it made several, each
+    rescanning the messages held."""
+    held = 20_000
+    url = f"sqlite+aiosqlite:///{tmp_path / 'cp.db'}"
+    settings = ControlPlaneSettings(db_url=url, mqtt_broker_inflight=held)
+    payloads = [telemetry(seq, "2026-12-03T07:00:10Z", 1) for seq in range(1, held + 1)]
+
+    def collections(thresholds: tuple[int, int, int]) -> int:
+        async def hold() -> int:
+            engine = make_engine(url)
+            ingest = Ingestor(session_factory(engine), FleetMetrics(), batch_size=held,
+                              max_delay_s=60, ack_window=held)  # fmt: skip
+            acked: list[tuple[bytes, int]] = []
+
+            def ack(key: bytes, seq: int) -> None:  # as the MQTT connection's, made once
+                acked.append((key, seq))
+
+            previous = gc.get_threshold()
+            gc.set_threshold(*thresholds)
+            try:
+                gc.collect()  # counts from zero
+                before = sum(g["collections"] for g in gc.get_stats())
+                for seq, payload in enumerate(payloads):
+                    # an acknowledgement per message, as the MQTT connection gives
+                    ingest.telemetry("dev-1", payload, functools.partial(ack, b"id", seq))
+                ran = sum(g["collections"] for g in gc.get_stats()) - before
+            finally:
+                gc.set_threshold(*previous)
+            assert ingest.queued == held and not acked
+            await engine.dispose()
+            return ran
+
+        return asyncio.run(hold())
+
+    assert collections(gc_thresholds(settings)) == 0
+    assert collections((50_000, 20, 100)) >= 2
