@@ -91,7 +91,8 @@ class ControlPlaneSettings(BaseSettings):
     Maximum it asks for, and Mosquitto also holds it to its ``max_inflight_messages`` (20 by
     default). Device messages are acknowledged only once stored, so a batch is written as soon
     as this many wait: raise both together (1,000 lets one batch carry a second of a large
-    fleet's telemetry)."""
+    fleet's telemetry). The cyclic collector's youngest threshold follows it
+    (``control_plane.api.app.gc_thresholds``)."""
     last_seen_resolution_s: float = Field(default=5.0, ge=0)
     """A device's ``last_seen`` in the inventory is rewritten once it has moved this far."""
     presence_timeout_s: float = Field(default=60.0, ge=0)
