@@ -21,14 +21,11 @@ from control_plane.api import admin, fleet, models
 from control_plane.api.deps import Services, handle_error, json_response
 from control_plane.auth import bootstrap_admin
 from control_plane.errors import ControlPlaneError
+from control_plane.ingest import HELD_PER_MESSAGE
 from control_plane.settings import ControlPlaneSettings
 from control_plane.trust import TrustManager
 
 log = logging.getLogger("edgefleet.control_plane")
-GC_TRACKED_PER_MESSAGE = 10
-"""Container objects ingest keeps per device message from its arrival to its batch's commit
-(six for a message about one model: its rows, its queue entry and its acknowledgement), with
-room to spare."""
 
 
 def gc_thresholds(settings: ControlPlaneSettings) -> tuple[int, int, int]:
@@ -39,7 +36,7 @@ def gc_thresholds(settings: ControlPlaneSettings) -> tuple[int, int, int]:
     they wait for their batch. Measured in the fleet stack at 30,000 msg/s (40,000 in flight):
     the control plane used 0.46 of a core with 400,000, 0.49 with 50,000 (the collector 14 %
     of its main thread's samples), and the default 700 cost 8-10 us per message."""
-    return (max(50_000, GC_TRACKED_PER_MESSAGE * settings.mqtt_broker_inflight), 20, 100)
+    return (max(50_000, HELD_PER_MESSAGE * settings.mqtt_broker_inflight), 20, 100)
 
 
 def create_app(svc: Services, trust: TrustManager) -> FastAPI:
