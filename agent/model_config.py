@@ -12,6 +12,7 @@ batching. Names carry their units, as Triton's and pytriton's do::
 
     [batching]
     max_batch_size = 32                # rows per batch; 0 turns batching off
+    tune = true                        # measure at load which batch sizes pay, cap at that
     preferred_batch_sizes = [8, 16]
     max_queue_delay_us = 500
     max_queue_size = 256               # requests waiting; more get 503 + Retry-After
@@ -50,6 +51,11 @@ class _Strict(BaseModel):
 class BatchingConfig(_Strict):
     max_batch_size: int = Field(default=32, ge=0)
     """Most rows in one batch; 0 runs every request on its own."""
+    tune: bool = False
+    """At load, measure the instances' rows per second at batch sizes 1, 2, 4, ... up to
+    ``max_batch_size`` and serve with the largest size reached by steps that each gained 5 %;
+    where a batch of two gains less than that, requests run one at a time
+    (:mod:`agent.inference.tuning`). Costs up to a second of load time."""
     preferred_batch_sizes: tuple[int, ...] = ()
     """Batch sizes to run at once when they can be formed, without waiting the delay."""
     max_queue_delay_us: int = Field(default=0, ge=0)

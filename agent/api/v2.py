@@ -83,6 +83,7 @@ def _metadata(lv: LoadedVersion, versions: list[int]) -> dict[str, Any]:
             "placement": lv.placement.describe(),
             "batched": lv.batcher.batched,
             "max_batch_size": lv.batcher.max_rows,
+            **({} if lv.tuning is None else {"batch_tuning": lv.tuning.describe()}),
         },
     }
 

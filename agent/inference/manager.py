@@ -29,6 +29,7 @@ from agent.errors import (
 from agent.inference.batcher import Batcher, BatchObserver
 from agent.inference.priority import run_lowered
 from agent.inference.stats import VersionStats
+from agent.inference.tuning import BatchTuning, tune_batch_size
 from agent.inference.versions import (
     LoadedVersion,
     RuntimeFactory,
@@ -234,7 +235,7 @@ class ModelManager:
             started = time.monotonic()
             settings = self.runtime_settings
 
-            def load(placement: Placement) -> tuple[list[Runtime], int, bool]:
+            def load(placement: Placement) -> tuple[list[Runtime], int, bool, BatchTuning | None]:
                 runtimes, rss_added = open_instances(
                     model_file,
                     placement,
@@ -248,6 +249,12 @@ class ModelManager:
                     ran = warm_up(runtimes, version_dir, config)
                     batched = runtimes[0].signature.batched and config.batching.max_batch_size > 0
                     problem = batching_problem(runtimes[0], ran) if batched and ran else None
+                    batched = batched and problem is None
+                    tuning = (
+                        tune_batch_size(runtimes, ran, config.batching.max_batch_size)
+                        if batched and ran and config.batching.tune
+                        else None
+                    )
                 except BaseException:
                     for rt in runtimes:
                         rt.close()
@@ -257,13 +264,18 @@ class ModelManager:
                         "outputs do not follow the batch dimension: requests run one at a time",
                         extra={"model": entry.name, "version": version, "reason": problem},
                     )
-                return runtimes, rss_added, batched and problem is None
+                if tuning is not None:
+                    log.info(
+                        "batch size measured",
+                        extra={"model": entry.name, "version": version, **tuning.describe()},
+                    )
+                return runtimes, rss_added, batched, tuning
 
             failed: dict[str, str] = {}
             while True:
                 try:
                     # at the inference threads' priority: a backend's own threads inherit it
-                    runtimes, rss_added, batched = await run_lowered(
+                    runtimes, rss_added, batched, tuning = await run_lowered(
                         settings.compute_nice_offset,
                         f"load:{name}",
                         functools.partial(load, plan.placement),
@@ -321,7 +333,7 @@ class ModelManager:
             batcher=Batcher(
                 name,
                 runtimes,
-                config.batching,
+                config.batching if tuning is None else tuning.applied_to(config.batching),
                 batched=batched,
                 observer=observer,
                 nice_offset=settings.compute_nice_offset,
@@ -329,6 +341,7 @@ class ModelManager:
             memory_bytes=accounted_memory_bytes(version_dir, config, rss_added),
             load_s=load_s,
             stats=stats,
+            tuning=tuning,
         )
         lv.batcher.start()
         log.info(

@@ -16,6 +16,7 @@ import psutil
 from agent.errors import LoadError
 from agent.inference.batcher import Batcher
 from agent.inference.stats import VersionStats
+from agent.inference.tuning import BatchTuning
 from agent.model_config import ModelConfig
 from runtimes.backends import open_model
 from runtimes.base import Placement, Runtime
@@ -59,6 +60,8 @@ class LoadedVersion:
     memory_bytes: int
     load_s: float
     stats: VersionStats = field(default_factory=VersionStats)
+    tuning: BatchTuning | None = None
+    """What ``[batching] tune`` measured at load, when it ran."""
     inflight: int = 0
     last_used: float = field(default_factory=time.monotonic)
     _released: asyncio.Event = field(default_factory=asyncio.Event)

@@ -1,0 +1,144 @@
+"""Batch size tuned at load: whether, on this device, a batch costs less per row than one row.
+
+Whether batching pays depends on the model and the device, not on the model alone. A small
+dense model is dominated by the cost of a call, and batches of 32 run at many times the rate of
+single rows; a convolutional network on one single-threaded CPU session runs two rows at about
+the cost of two single rows (on a Xeon, raw ONNX Runtime ran ``cnn`` at 422, 427 and 430 rows/s
+at batch 1, 2 and 4), and there a batch only makes each request wait for the others' rows. The
+same signed manifest goes to a Raspberry Pi and to a NUC, so the choice is measured where the
+model runs, with ``[batching] tune = true`` in its config.
+
+The measurement, within :data:`BUDGET_S`: every instance runs the warm-up's first row stacked to
+batch sizes 1, 2, 4, ... side by side (the cores shared as they are in serving), a size being
+measured only while the one below it gained; :data:`ROUNDS` rounds, each size's best rate kept
+(the rate least disturbed by whatever else ran). The batch size kept is the largest reached by
+steps that each gained at least :data:`MIN_GAIN` in rows per second; 1 turns batching off.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from agent.model_config import BatchingConfig
+from runtimes.base import Runtime
+
+MIN_GAIN = 0.05
+"""A step to the next batch size must raise rows per second by this fraction to be taken:
+forming batches costs the event loop a little, and each request waits for the others' rows."""
+ROUNDS = 3
+BUDGET_S = 1.0
+"""Most seconds the measurement may take; past it, what has been measured decides."""
+MIN_RUN_S = 0.01
+"""Each measurement repeats a batch until it has taken about this long, so that a model of a
+few microseconds is not timed by one call."""
+
+
+@dataclass(frozen=True)
+class BatchTuning:
+    """What the measurement found, for the log and the model's metadata."""
+
+    rows_per_s: dict[int, float]
+    """Best rate measured at each batch size, all instances running side by side."""
+    max_batch_size: int
+    """The largest size every step to which gained :data:`MIN_GAIN`; 1 means no batching."""
+    elapsed_s: float
+
+    def applied_to(self, batching: BatchingConfig) -> BatchingConfig:
+        """``batching`` capped at the size found (0, no batching, where it was 1), its
+        preferred sizes above that dropped."""
+        size = self.max_batch_size if self.max_batch_size > 1 else 0
+        preferred = tuple(s for s in batching.preferred_batch_sizes if s <= size)
+        return batching.model_copy(
+            update={"max_batch_size": size, "preferred_batch_sizes": preferred}
+        )
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "max_batch_size": self.max_batch_size,
+            "rows_per_s": {str(b): round(r, 1) for b, r in sorted(self.rows_per_s.items())},
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
+
+
+def sizes_up_to(limit: int) -> list[int]:
+    """1, 2, 4, ... doubling, the last one ``limit`` itself."""
+    sizes = [1]
+    while sizes[-1] < limit:
+        sizes.append(min(2 * sizes[-1], limit))
+    return sizes
+
+
+def chosen_size(rows_per_s: Mapping[int, float], limit: int, min_gain: float = MIN_GAIN) -> int:
+    """The largest of :func:`sizes_up_to` ``limit`` reached by steps that each gained at least
+    ``min_gain``; a size not measured ends the walk."""
+    chosen = 1
+    for size in sizes_up_to(limit)[1:]:
+        if size not in rows_per_s or rows_per_s[size] < (1 + min_gain) * rows_per_s[chosen]:
+            break
+        chosen = size
+    return chosen
+
+
+def search(
+    rate: Callable[[int], float],
+    limit: int,
+    *,
+    rounds: int = ROUNDS,
+    budget_s: float = BUDGET_S,
+    min_gain: float = MIN_GAIN,
+    clock: Callable[[], float] = time.monotonic,
+) -> BatchTuning:
+    """Walk up the batch sizes ``rounds`` times with ``rate`` (rows per second at a size),
+    each walk stopping at the first size that did not gain on the best rates so far.
+
+    The first walk measures 1 and 2 whatever the budget: without them nothing is decided.
+    """
+    started = clock()
+    best: dict[int, float] = {}
+    sizes = sizes_up_to(limit)
+    for _ in range(rounds):
+        for i, size in enumerate(sizes):
+            if len(best) > 1 and clock() - started > budget_s:
+                break
+            best[size] = max(best.get(size, 0.0), rate(size))
+            if i and best[size] < (1 + min_gain) * best[sizes[i - 1]]:
+                break
+        if clock() - started > budget_s:
+            break
+    return BatchTuning(best, chosen_size(best, limit, min_gain), clock() - started)
+
+
+def tune_batch_size(
+    runtimes: Sequence[Runtime], inputs: Mapping[str, np.ndarray], limit: int
+) -> BatchTuning:
+    """Measure ``runtimes`` (every instance of a version, loaded and warm) at batch sizes up to
+    ``limit`` on the first row of ``inputs`` (the warm-up's), and choose (blocking)."""
+    row = {name: array[:1] for name, array in inputs.items()}
+    stacked: dict[int, dict[str, np.ndarray]] = {}
+    one = time.perf_counter()
+    runtimes[0].infer(row)
+    repeat = max(1, math.ceil(MIN_RUN_S / max(time.perf_counter() - one, 1e-6)))
+
+    def run(runtime: Runtime, batch: Mapping[str, np.ndarray], times: int) -> None:
+        for _ in range(times):
+            runtime.infer(batch)
+
+    with ThreadPoolExecutor(len(runtimes), thread_name_prefix="tune") as pool:
+
+        def rate(size: int) -> float:
+            batch = stacked.setdefault(
+                size, {name: np.repeat(a, size, axis=0) for name, a in row.items()}
+            )
+            times = max(1, math.ceil(repeat / size))
+            started = time.perf_counter()
+            for done in [pool.submit(run, rt, batch, times) for rt in runtimes]:
+                done.result()
+            return len(runtimes) * times * size / (time.perf_counter() - started)
+
+        return search(rate, limit)

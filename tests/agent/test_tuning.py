@@ -1,0 +1,164 @@
+"""The batch size measured at load (``[batching] tune``): the choice made from measured rates,
+the budget it keeps, and what a client sees: the size in the model's metadata, batches no
+larger than it, every request answered."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.inference.tuning import chosen_size, search, sizes_up_to
+from agent.model_config import BatchingConfig
+from runtimes.backends import open_model
+from runtimes.base import Placement, Runtime
+from runtimes.settings import RuntimeSettings
+from runtimes.signature import ModelSignature
+from tests.agent.server import copy_models, serve
+
+ROW = [0.25] * 256
+TUNED = "[batching]\ntune = true\n"
+
+
+def test_sizes_double_up_to_the_limit_which_is_always_last() -> None:
+    assert sizes_up_to(32) == [1, 2, 4, 8, 16, 32]
+    assert sizes_up_to(24) == [1, 2, 4, 8, 16, 24]
+    assert sizes_up_to(1) == [1]
+
+
+def test_the_walk_stops_at_the_first_step_that_gained_less_than_five_percent() -> None:
+    # 8 would gain again, but a walk does not cross a step that did not pay
+    assert chosen_size({1: 100, 2: 180, 4: 185, 8: 400}, 32) == 2
+    assert chosen_size({1: 100, 2: 106, 4: 112}, 4) == 4
+    assert chosen_size({1: 100, 2: 180, 4: 330}, 32) == 4  # 8 not measured: the walk ends
+
+
+def test_a_batch_of_two_that_gains_too_little_turns_batching_off() -> None:
+    size = chosen_size({1: 100.0, 2: 104.0}, 32)
+    assert size == 1
+    config = BatchingConfig(max_batch_size=32, preferred_batch_sizes=(8, 16))
+    tuned = search(lambda b: {1: 100.0, 2: 104.0}.get(b, 0.0), 32).applied_to(config)
+    assert tuned.max_batch_size == 0 and tuned.preferred_batch_sizes == ()
+
+
+def test_preferred_sizes_above_the_size_found_are_dropped() -> None:
+    rates = {1: 100.0, 2: 190.0, 4: 360.0, 8: 370.0}
+    tuning = search(lambda b: rates[b], 32)
+    config = BatchingConfig(max_batch_size=32, preferred_batch_sizes=(2, 4, 16))
+    assert tuning.max_batch_size == 4
+    assert tuning.applied_to(config).preferred_batch_sizes == (2, 4)
+    assert tuning.applied_to(config).max_batch_size == 4
+
+
+def test_each_size_keeps_its_best_round_and_no_size_past_a_step_that_did_not_gain() -> None:
+    # round 1 is disturbed at size 2 (it looks like no gain); rounds 2 and 3 see the real rate
+    measured: list[int] = []
+    rounds = iter([[100.0, 101.0], [100.0, 200.0, 390.0, 400.0], [95.0, 190.0, 380.0, 380.0]])
+    current: list[float] = []
+
+    def rate(size: int) -> float:
+        nonlocal current
+        if size == 1:
+            current = list(next(rounds))
+        measured.append(size)
+        return current.pop(0)
+
+    tuning = search(rate, 32, rounds=3)
+    assert measured == [1, 2, 1, 2, 4, 8, 1, 2, 4, 8]
+    assert tuning.rows_per_s == {1: 100.0, 2: 200.0, 4: 390.0, 8: 400.0}
+    assert tuning.max_batch_size == 4
+
+
+def test_past_the_budget_only_one_and_two_are_measured() -> None:
+    ticks = iter(range(100))
+    measured: list[int] = []
+
+    def rate(size: int) -> float:
+        measured.append(size)
+        return 100.0 * size
+
+    tuning = search(rate, 32, budget_s=0.5, clock=lambda: float(next(ticks)))
+    assert measured == [1, 2]
+    assert tuning.max_batch_size == 2
+
+
+def test_a_dense_model_is_measured_to_batch(example_repo: Path, tmp_path: Path) -> None:
+    """``mlp`` on the CPU: a call costs far more than a row, so batches pay on any device."""
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp", configs={"mlp": TUNED})
+    with serve(repo) as agent:
+        params = agent.client.get("/v2/models/mlp").json()["parameters"]
+        tuning = params["batch_tuning"]
+        assert params["batched"] is True
+        assert params["max_batch_size"] == tuning["max_batch_size"] >= 4, tuning
+        assert {"1", "2", "4"} <= set(tuning["rows_per_s"]), tuning
+        rates = tuning["rows_per_s"]
+        assert rates["4"] >= 1.05 * rates["2"] >= 1.05**2 * rates["1"], tuning
+        assert agent.infer_json("mlp", [ROW, ROW]).status_code == 200
+
+
+class RowCostRuntime(Runtime):
+    """The real backend, taking ``row_s`` more per row it runs: a model whose batch costs as
+    much per row as single rows, as a large network on one CPU core does. Records the row
+    counts of the batches run after :meth:`record`."""
+
+    name = "onnxruntime"
+    formats = frozenset()
+
+    def __init__(self, inner: Runtime, row_s: float) -> None:
+        super().__init__(inner.settings)
+        self.inner, self.row_s = inner, row_s
+        self._signature = inner.signature
+        self.rows: list[int] = []
+        self.recording = threading.Event()
+
+    def _load(self, model_file: Path, placement: Placement) -> ModelSignature:
+        raise AssertionError("built already loaded")
+
+    def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = len(next(iter(inputs.values())))
+        time.sleep(self.row_s * rows)
+        if self.recording.is_set():
+            self.rows.append(rows)
+        return self.inner.infer(inputs)
+
+    def _close(self) -> None:
+        self.inner.close()
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+def test_a_model_that_costs_as_much_per_row_in_a_batch_serves_requests_one_at_a_time(
+    example_repo: Path, tmp_path: Path, instances: int
+) -> None:
+    made: list[RowCostRuntime] = []
+
+    def factory(model_file: Path, placement: Placement, settings: RuntimeSettings) -> Runtime:
+        made.append(RowCostRuntime(open_model(model_file, placement, settings), row_s=0.03))
+        return made[-1]
+
+    config = f"instances = {instances}\n{TUNED}"
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp", configs={"mlp": config})
+    with serve(repo, runtime_factory=factory) as agent:
+        params = agent.client.get("/v2/models/mlp").json()["parameters"]
+        assert params["batched"] is False and params["max_batch_size"] == 1, params
+        assert params["batch_tuning"]["max_batch_size"] == 1
+        rates = params["batch_tuning"]["rows_per_s"]
+        assert rates["2"] < 1.05 * rates["1"], params
+        for runtime in made:
+            runtime.recording.set()
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda _: agent.infer_json("mlp", [ROW]), range(12)))
+    assert [a.status_code for a in answers] == [200] * 12
+    ran = [rows for runtime in made for rows in runtime.rows]
+    assert ran == [1] * 12
+
+
+def test_without_tune_nothing_is_measured(example_repo: Path, tmp_path: Path) -> None:
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    with serve(repo) as agent:
+        params = agent.client.get("/v2/models/mlp").json()["parameters"]
+    assert "batch_tuning" not in params and params["max_batch_size"] == 32
