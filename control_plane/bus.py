@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from agent.protocol.messages import DesiredState
 from agent.protocol.topics import Topics
-from control_plane import mqttwire
+from control_plane import mqttcodec, mqttwire
 from control_plane.ingest import Ack, Ingestor
 from control_plane.settings import ControlPlaneSettings
 
@@ -118,7 +118,7 @@ class FleetBus:
                     self.connected.clear()
                     self._listening(None)
                     await conn.aclose()
-            except (mqttwire.MqttError, OSError) as exc:
+            except (mqttcodec.MqttError, OSError) as exc:
                 log.warning(
                     "broker connection lost",
                     extra={"error": str(exc), "retry_in_s": round(delay, 2)},
@@ -186,7 +186,7 @@ class FleetBus:
             await asyncio.gather(sender, return_exceptions=True)
         if sender.done() and not sender.cancelled() and (error := sender.exception()):
             raise error  # a publish failed (MqttError: reconnect) or a bug (not hidden)
-        raise mqttwire.MqttError(conn.close_reason or "connection closed")
+        raise mqttcodec.MqttError(conn.close_reason or "connection closed")
 
     async def _resync(self) -> None:
         for callback in self.on_broker_state_lost:

@@ -30,131 +30,38 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, cast
 
+from control_plane.mqttcodec import (
+    CONNACK,
+    DISCONNECT,
+    DISCONNECT_PACKET,
+    MAX_REMAINING,
+    MAXIMUM_PACKET_SIZE,
+    PINGREQ_PACKET,
+    PINGRESP,
+    PUBACK,
+    PUBACK_HEAD,
+    PUBLISH,
+    RECEIVE_MAXIMUM,
+    SERVER_KEEP_ALIVE,
+    SUBACK,
+    SUBSCRIBE,
+    MalformedPacket,
+    MqttError,
+    connect_packet,
+    describe,
+    mqtt_string,
+    properties,
+    read_varint,
+    reason_string,
+    varint,
+)
+
 log = logging.getLogger("edgefleet.control_plane.mqttwire")
 
-CONNECT, CONNACK, PUBLISH, PUBACK = 0x10, 0x20, 0x30, 0x40
-SUBSCRIBE, SUBACK, PINGREQ, PINGRESP, DISCONNECT = 0x82, 0x90, 0xC0, 0xD0, 0xE0
-_PUBACK_HEAD = bytes([PUBACK, 2])  # PUBACK with reason 0 and no properties (3.4.2.1)
-_PINGREQ = bytes([PINGREQ, 0])
-_DISCONNECT = bytes([DISCONNECT, 0])  # remaining length 0: reason 0x00, normal (3.14.2.1)
-_MAX_REMAINING = 268_435_455  # four varint bytes (1.5.5)
 _LINGER_S = 3.0  # how long close() waits for the broker to close after our DISCONNECT
-
-_REASON_TABLE = """
-80 unspecified error; 81 malformed packet; 82 protocol error
-83 implementation specific error; 84 unsupported protocol version
-85 client identifier not valid; 86 bad user name or password; 87 not authorized
-88 server unavailable; 89 server busy; 8A banned; 8B server shutting down
-8C bad authentication method; 8D keep alive timeout; 8E session taken over
-8F topic filter invalid; 90 topic name invalid; 91 packet identifier in use
-93 receive maximum exceeded; 94 topic alias invalid; 95 packet too large
-96 message rate too high; 97 quota exceeded; 98 administrative action
-99 payload format invalid; 9A retain not supported; 9B QoS not supported
-9C use another server; 9D server moved; 9E shared subscriptions not supported
-9F connection rate exceeded; A0 maximum connect time
-A1 subscription identifiers not supported; A2 wildcard subscriptions not supported
-"""
-REASONS = {
-    int(item[:2], 16): item[3:]
-    for item in _REASON_TABLE.replace("\n", "; ").strip("; ").split("; ")
-}
-"""Failure reason codes (2.4) by value, for error messages."""
-
-# Property identifier -> how its value is encoded (2.2.2.2): 1, 2 or 4 bytes of integer,
-# 0 a variable byte integer, -1 a string or binary data, -2 a string pair (user property).
-_PROPERTY_TYPES = (
-    dict.fromkeys((0x01, 0x17, 0x19, 0x24, 0x25, 0x28, 0x29, 0x2A), 1)
-    | dict.fromkeys((0x13, 0x21, 0x22, 0x23), 2)
-    | dict.fromkeys((0x02, 0x11, 0x18, 0x27), 4)
-    | dict.fromkeys((0x03, 0x08, 0x09, 0x12, 0x15, 0x16, 0x1A, 0x1C, 0x1F), -1)
-    | {0x0B: 0, 0x26: -2}
-)
-_SERVER_KEEP_ALIVE, _REASON_STRING, _RECEIVE_MAXIMUM, _MAXIMUM_PACKET_SIZE = 0x13, 0x1F, 0x21, 0x27
 
 Ack = Callable[[], None]
 OnMessage = Callable[[str, bytes, "Ack | None"], None]
-
-
-class MqttError(Exception):
-    """The broker refused or dropped us, or answered an operation with a failure reason."""
-
-    code = "mqtt"
-
-    def __init__(self, message: str, reason_code: int | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.reason_code = reason_code
-
-
-class _Abort(Exception):
-    """A protocol violation found while parsing: the connection is closed with this reason."""
-
-
-def describe(reason_code: int, reason_string: str | None = None) -> str:
-    text = f"0x{reason_code:02X} {REASONS.get(reason_code, 'unknown reason')}"
-    return f"{text} ({reason_string})" if reason_string else text
-
-
-def _varint(n: int) -> bytes:
-    """A variable byte integer (1.5.5)."""
-    out = bytearray()
-    while True:
-        byte, n = n % 128, n // 128
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value, mult = 0, 1
-    for _ in range(4):
-        byte = data[pos]
-        pos += 1
-        value += (byte & 0x7F) * mult
-        if not byte & 0x80:
-            return value, pos
-        mult *= 128
-    raise _Abort("malformed variable byte integer")
-
-
-def _str(raw: bytes) -> bytes:
-    return len(raw).to_bytes(2, "big") + raw
-
-
-def _properties(data: bytes, pos: int) -> tuple[dict[int, int | bytes], int]:
-    """Parse a property block at ``pos``; returns the properties (the last of a repeated one)
-    and the position after the block. For the rare packets only: PUBLISH skips its block."""
-    length, pos = _read_varint(data, pos)
-    end = pos + length
-    if end > len(data):
-        raise _Abort("properties overrun the packet")
-    props: dict[int, int | bytes] = {}
-    while pos < end:
-        ident = data[pos]
-        kind = _PROPERTY_TYPES.get(ident)
-        pos += 1
-        value: int | bytes
-        if kind is None:
-            raise _Abort(f"unknown property 0x{ident:02X}")
-        if kind > 0:
-            value = int.from_bytes(data[pos : pos + kind], "big")
-            pos += kind
-        elif kind == 0:
-            value, pos = _read_varint(data, pos)
-        else:
-            for _ in range(-kind):  # a pair is two strings; keep the last
-                size = int.from_bytes(data[pos : pos + 2], "big")
-                value = data[pos + 2 : pos + 2 + size]
-                pos += 2 + size
-        props[ident] = value
-    if pos != end:
-        raise _Abort("properties overrun their length")
-    return props, end
-
-
-def _reason_string(props: dict[int, int | bytes]) -> str | None:
-    raw = props.get(_REASON_STRING)
-    return raw.decode(errors="replace") if isinstance(raw, bytes) else None
 
 
 class Connection(asyncio.Protocol):
@@ -247,7 +154,7 @@ class Connection(asyncio.Protocol):
             buf.clear()
         try:
             pos = self._packets(data)
-        except _Abort as exc:
+        except MalformedPacket as exc:
             self._fail(str(exc))
             return
         except Exception as exc:  # an index or a decode out of a malformed packet
@@ -286,7 +193,7 @@ class Connection(asyncio.Protocol):
                 message_ack: Ack | None = None
                 if head & 0x06:
                     if head & 0x06 != 0x02:
-                        raise _Abort("QoS 2 PUBLISH (not subscribed for)")
+                        raise MalformedPacket("QoS 2 PUBLISH (not subscribed for)")
                     key = data[p : p + 2]
                     p += 2
                     self.received += 1
@@ -301,15 +208,15 @@ class Connection(asyncio.Protocol):
                 if plen < 0x80:
                     p += 1 + plen
                 else:
-                    plen, p = _read_varint(data, p)
+                    plen, p = read_varint(data, p)
                     p += plen
                 if p > end or not tlen:
-                    raise _Abort("malformed PUBLISH")
+                    raise MalformedPacket("malformed PUBLISH")
                 try:
                     on_message(topic, data[p:end], message_ack)
                 except Exception as exc:
                     log.exception("on_message raised", extra={"topic": topic})
-                    raise _Abort(f"on_message raised {exc!r}") from exc
+                    raise MalformedPacket(f"on_message raised {exc!r}") from exc
             else:
                 self._control(head, data[i:end])
             pos = end
@@ -329,12 +236,12 @@ class Connection(asyncio.Protocol):
             if not byte & 0x80:
                 return value, pos
             mult *= 128
-        raise _Abort("malformed remaining length")
+        raise MalformedPacket("malformed remaining length")
 
     def _control(self, head: int, body: bytes) -> None:
         if head == PUBACK:
             if len(body) < 2:
-                raise _Abort("malformed PUBACK")
+                raise MalformedPacket("malformed PUBACK")
             fut = self._pubs.pop((body[0] << 8) | body[1], None)
             if fut is None:
                 return
@@ -344,14 +251,14 @@ class Connection(asyncio.Protocol):
             if fut.done():
                 return
             if reason >= 0x80:
-                props = _properties(body, 3)[0] if len(body) > 3 else {}
-                text = describe(reason, _reason_string(props))
+                props = properties(body, 3)[0] if len(body) > 3 else {}
+                text = describe(reason, reason_string(props))
                 fut.set_exception(MqttError(f"PUBACK {text}", reason))
             else:
                 fut.set_result(None)
         elif head == SUBACK:
             pid = (body[0] << 8) | body[1]
-            codes = body[_properties(body, 2)[1] :]
+            codes = body[properties(body, 2)[1] :]
             sub = self._subs.pop(pid, None)
             if sub is not None and not sub.done():
                 sub.set_result(codes)
@@ -361,28 +268,28 @@ class Connection(asyncio.Protocol):
             self._handle_connack(body)
         elif head == DISCONNECT:
             reason = body[0] if body else 0
-            props = _properties(body, 1)[0] if len(body) > 1 else {}
-            self._fail(f"broker sent DISCONNECT {describe(reason, _reason_string(props))}")
+            props = properties(body, 1)[0] if len(body) > 1 else {}
+            self._fail(f"broker sent DISCONNECT {describe(reason, reason_string(props))}")
         else:
-            raise _Abort(f"unexpected packet 0x{head:02X}")
+            raise MalformedPacket(f"unexpected packet 0x{head:02X}")
 
     def _handle_connack(self, body: bytes) -> None:
         if len(body) < 2 or body[0] & 0xFE or self._connack.done():
-            raise _Abort("malformed or unexpected CONNACK")
-        props = _properties(body, 2)[0] if len(body) > 2 else {}
+            raise MalformedPacket("malformed or unexpected CONNACK")
+        props = properties(body, 2)[0] if len(body) > 2 else {}
         reason = body[1]
         if reason >= 0x80:
-            text = f"connection refused: {describe(reason, _reason_string(props))}"
+            text = f"connection refused: {describe(reason, reason_string(props))}"
             self._connack.set_exception(MqttError(text, reason))
             self._fail(text)
             return
         self.session_present = bool(body[0] & 1)
-        self.broker_receive_maximum = int(props.get(_RECEIVE_MAXIMUM, 65535))
+        self.broker_receive_maximum = int(props.get(RECEIVE_MAXIMUM, 65535))
         self._slots = self.broker_receive_maximum
-        if _MAXIMUM_PACKET_SIZE in props:
-            self.max_packet_size = int(props[_MAXIMUM_PACKET_SIZE])
-        if _SERVER_KEEP_ALIVE in props:
-            self.keepalive_s = int(props[_SERVER_KEEP_ALIVE])
+        if MAXIMUM_PACKET_SIZE in props:
+            self.max_packet_size = int(props[MAXIMUM_PACKET_SIZE])
+        if SERVER_KEEP_ALIVE in props:
+            self.keepalive_s = int(props[SERVER_KEEP_ALIVE])
         if self.keepalive_s:
             self._ping_timer = self._loop.call_later(self.keepalive_s, self._ping)
             self._watchdog = self._loop.call_later(1.5 * self.keepalive_s, self._check_silence)
@@ -401,7 +308,7 @@ class Connection(asyncio.Protocol):
 
     def _ping(self) -> None:
         if not self._closing and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(_PINGREQ)
+            self.transport.write(PINGREQ_PACKET)
             self._ping_timer = self._loop.call_later(self.keepalive_s, self._ping)
 
     def _check_silence(self) -> None:
@@ -468,7 +375,7 @@ class Connection(asyncio.Protocol):
         acks = self._acks
         if not acks:
             self._loop.call_soon(self._flush_acks)
-        acks += _PUBACK_HEAD
+        acks += PUBACK_HEAD
         acks += key
 
     def _flush_acks(self) -> None:
@@ -503,11 +410,11 @@ class Connection(asyncio.Protocol):
             raise ValueError("only QoS 0 and 1 are supported")
         packet_id = self._packet_id()
         body = packet_id.to_bytes(2, "big") + b"\x00"  # no properties
-        body += b"".join(_str(topic.encode()) + bytes([qos]) for topic, qos in filters)
+        body += b"".join(mqtt_string(topic.encode()) + bytes([qos]) for topic, qos in filters)
         fut: asyncio.Future[bytes] = self._loop.create_future()
         self._subs[packet_id] = fut
         try:
-            self._write(bytes([SUBSCRIBE]) + _varint(len(body)) + body)
+            self._write(bytes([SUBSCRIBE]) + varint(len(body)) + body)
             async with asyncio.timeout(timeout_s):
                 codes = await fut
         except TimeoutError as exc:
@@ -531,13 +438,13 @@ class Connection(asyncio.Protocol):
         first for a slot while the broker's Receive Maximum of publishes are unacknowledged."""
         if qos not in (0, 1):
             raise ValueError("only QoS 0 and 1 are supported")
-        raw_topic = _str(topic.encode())
+        raw_topic = mqtt_string(topic.encode())
         length = len(raw_topic) + (2 if qos else 0) + 1 + len(payload)
-        size = 1 + len(_varint(length)) + length
-        if length > _MAX_REMAINING or (self.max_packet_size and size > self.max_packet_size):
-            limit = self.max_packet_size or _MAX_REMAINING
+        size = 1 + len(varint(length)) + length
+        if length > MAX_REMAINING or (self.max_packet_size and size > self.max_packet_size):
+            limit = self.max_packet_size or MAX_REMAINING
             raise MqttError(f"PUBLISH of {size} bytes to {topic!r} exceeds {limit}", 0x95)
-        head = bytes([PUBLISH | (qos << 1) | int(retain)]) + _varint(length) + raw_topic
+        head = bytes([PUBLISH | (qos << 1) | int(retain)]) + varint(length) + raw_topic
         if not qos:
             self._write(head + b"\x00" + payload)
             return
@@ -595,7 +502,7 @@ class Connection(asyncio.Protocol):
         self._closing = True
         self._unacked.clear()  # acknowledging now would follow the DISCONNECT: too late
         if not self.transport.is_closing():
-            self.transport.write(_DISCONNECT)
+            self.transport.write(DISCONNECT_PACKET)
             # NOTE: the server closes on DISCONNECT (3.14.4); we close if it does not
             self._linger = self._loop.call_later(_LINGER_S, self.transport.abort)
 
@@ -633,17 +540,15 @@ async def connect(
     awaiting its acknowledgement (:meth:`Connection._reuse`)."""
     if not 0 < receive_maximum <= 65535 or not 0 <= keepalive_s <= 65535:
         raise ValueError("receive_maximum must be 1..65535 and keepalive_s 0..65535")
-    # CONNECT (3.1): no will, no authentication method; properties only where not defaults
-    flags = (0x02 if clean_start else 0) | (0x80 if username is not None else 0)
-    flags |= 0x40 if password is not None else 0
-    props = b"\x11" + session_expiry_s.to_bytes(4, "big") if session_expiry_s else b""
-    if receive_maximum != 65535:
-        props += b"\x21" + receive_maximum.to_bytes(2, "big")
-    body = _str(b"MQTT") + bytes([5, flags]) + keepalive_s.to_bytes(2, "big")
-    body += _varint(len(props)) + props + _str(client_id.encode())
-    body += _str(username.encode()) if username is not None else b""
-    body += _str(password.encode()) if password is not None else b""
-    packet = bytes([CONNECT]) + _varint(len(body)) + body
+    packet = connect_packet(
+        client_id,
+        username=username,
+        password=password,
+        keepalive_s=keepalive_s,
+        clean_start=clean_start,
+        session_expiry_s=session_expiry_s,
+        receive_maximum=receive_maximum,
+    )
     loop = asyncio.get_running_loop()
     conn: Connection | None = None
     try:
