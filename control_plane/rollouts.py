@@ -36,20 +36,18 @@ from sqlalchemy.orm import selectinload
 
 from agent.protocol.messages import UpdateEvent
 from control_plane.bus import FleetBus
-from control_plane.db.models import Device, Model, Rollout, RolloutDevice
+from control_plane.db.models import Device, Rollout, RolloutDevice
 from control_plane.db.session import required_utc
-from control_plane.errors import Busy, Conflict, Invalid, NotFound
+from control_plane.errors import Conflict, NotFound
 from control_plane.gates import telemetry_gates
 from control_plane.keys import KeyRing
-from control_plane.manifests import build_manifest
 from control_plane.metrics import FleetMetrics
-from control_plane.registry import get_version
 from control_plane.rollout_events import CHUNK, NEVER_REPORTED, apply_events, moves_rollout
-from control_plane.rollout_spec import Gates, RolloutSpec, wave_bounds
+from control_plane.rollout_plan import ACTIVE, plan_rollout
+from control_plane.rollout_spec import Gates, RolloutSpec
 
 log = logging.getLogger("edgefleet.control_plane.rollouts")
 
-ACTIVE = ("running", "paused", "rolling_back")
 DEVICE_DONE = ("committed", "rejected", "rolled_back", "timed_out")
 
 
@@ -89,117 +87,15 @@ class RolloutEngine:
 
     async def create(self, spec: RolloutSpec, user: str) -> int:
         async with self._lock, self.sessions.begin() as session:
-            mv = await get_version(session, spec.model, spec.version)
-            report = mv.validation
-            if report is None:
-                raise Conflict(
-                    f"{spec.model} v{spec.version} has not been validated; validate it first"
-                )
-            if not report.get("passed"):
-                raise Conflict(
-                    f"{spec.model} v{spec.version} failed validation; it cannot be rolled out"
-                )
-            targets = await self._targets(session, spec)
-            if not targets:
-                raise Invalid("selector: no device matches the selector and profiles")
-            await self._refuse_overlap(session, spec.model, [d.id for d in targets])
-            model = (
-                await session.execute(
-                    select(Model).where(Model.name == spec.model).with_for_update()
-                )
-            ).scalar_one()
-            sequence = model.next_sequence
-            model.next_sequence += 1
-            now = datetime.now(UTC)
-            rollout = Rollout(
-                model=spec.model,
-                version=spec.version,
-                sequence=sequence,
-                manifest={},
-                selector=spec.selector,
-                profiles=spec.profiles,
-                waves=spec.waves,
-                bake_time_s=spec.bake_time_s,
-                device_timeout_s=spec.device_timeout_s,
-                gates=spec.gates.model_dump(),
-                state="running",
-                current_wave=0,
-                reason="",
-                gate_report={},
-                created_by=user,
-                created_at=now,
-                updated_at=now,
+            rollout_id = await plan_rollout(
+                session,
+                spec,
+                user,
+                artifact_base_url=self.artifact_base_url,
+                manifest_ttl_s=self.manifest_ttl_s,
             )
-            session.add(rollout)
-            await session.flush()
-            # The manifest without its target, stored once; each device gets it signed for
-            # itself alone when its wave starts (see _send). One manifest naming every target
-            # would make every device's desired state grow with the fleet: N devices x N ids.
-            rollout.manifest = build_manifest(
-                mv,
-                sequence=sequence,
-                base_url=self.artifact_base_url,
-                target={},
-                rollout_id=f"rollout-{rollout.id}",
-                ttl_s=self.manifest_ttl_s,
-            )
-            bounds = wave_bounds(spec.waves, len(targets))
-            for position, device in enumerate(
-                targets[: bounds[-1]]
-            ):  # beyond the last wave: untouched
-                wave = next(i for i, b in enumerate(bounds) if position < b)
-                served = {m["model"]: m["version"] for m in device.models}
-                session.add(
-                    RolloutDevice(
-                        rollout_id=rollout.id,
-                        device_id=device.id,
-                        position=position,
-                        wave=wave,
-                        state="pending",
-                        previous_version=served.get(spec.model),
-                        previous_desired=device.desired.get(spec.model),
-                        reason="",
-                    )
-                )
-            rollout_id = rollout.id
         await self.step(rollout_id)
         return rollout_id
-
-    async def _refuse_overlap(
-        self, session: AsyncSession, model: str, device_ids: list[str]
-    ) -> None:
-        """Two active rollouts of one model on one device would overwrite each other's desired
-        state (the older one's rollback would restore what the newer replaced) and share its
-        answers to rollback commands, which name the model, not the rollout."""
-        query = select(Rollout.id).where(Rollout.model == model, Rollout.state.in_(ACTIVE))
-        active = (await session.execute(query)).scalars().all()
-        if not active:
-            return
-        for start in range(0, len(device_ids), CHUNK):
-            clash = (
-                await session.execute(
-                    select(RolloutDevice.rollout_id, RolloutDevice.device_id)
-                    .where(
-                        RolloutDevice.rollout_id.in_(active),
-                        RolloutDevice.device_id.in_(device_ids[start : start + CHUNK]),
-                    )
-                    .limit(1)
-                )
-            ).first()
-            if clash is not None:
-                raise Busy(
-                    f"rollout {clash[0]} of {model} is still active on {clash[1]} (and maybe "
-                    "others of these devices): let it finish, cancel or abort it first"
-                )
-
-    async def _targets(self, session: AsyncSession, spec: RolloutSpec) -> list[Device]:
-        devices = (await session.execute(select(Device).order_by(Device.id))).scalars().all()
-        return [
-            d
-            for d in devices
-            if all(d.labels.get(k) == v for k, v in spec.selector.items())
-            and (not spec.profiles or d.hardware_profile in spec.profiles)
-        ]
 
     async def pause(self, rollout_id: int) -> None:
         await self._transition(rollout_id, {"running"}, "paused")
