@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from agent.bench.bodies import make_bodies
 from agent.bench.serving import raw_throughput
 from agent.bench.suite import measure
@@ -43,6 +45,8 @@ class Variant:
     """The model's config.toml (none: the example's own)."""
     env: dict[str, str] = field(default_factory=dict)
     runs: list[dict[str, Any]] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    """The model's metadata parameters as loaded (``batched``, ``max_batch_size``...)."""
 
     @classmethod
     def parse(cls, text: str) -> Variant:
@@ -62,6 +66,7 @@ class Variant:
             "name": self.name,
             "config": self.config,
             "env": self.env,
+            "parameters": self.parameters,
             "median_ratio_to_raw": statistics.median(ratios),
             "mean_ratio_to_raw": statistics.fmean(ratios),
             "runs": self.runs,
@@ -89,6 +94,9 @@ def compare(
             servers[variant.name] = stack.enter_context(
                 agent(repo, model, bodies.json[0], logs, config=variant.config, env=variant.env)
             )
+            # what the agent chose at load: batching, its size, what [batching] tune measured
+            metadata = httpx.get(f"{servers[variant.name].base_url}/v2/models/{model}").json()
+            variant.parameters = metadata.get("parameters", {})
         # every variant's repository holds the same example model
         model_file, _ = find_model_file(repo / model / "1")
 

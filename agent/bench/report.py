@@ -79,6 +79,20 @@ def serving_section(serving: dict[str, Any], images: Path, rel: str) -> list[str
                 nobatch = m["nobatch_config"].strip().replace("\n", "; ")
                 said += f"; without batching (`agent-nobatch`): `{nobatch}`"
             out += [said + ".", ""]
+        for name, params in m.get("agent_parameters", {}).items():
+            tuning = params.get("batch_tuning")
+            if tuning:
+                rates = ", ".join(f"{r:,.0f} at {b}" for b, r in tuning["rows_per_s"].items())
+                chose = (
+                    "no batching"
+                    if tuning["max_batch_size"] == 1
+                    else f"batches of up to {tuning['max_batch_size']} rows"
+                )
+                out += [
+                    f"`{name}` measured at load (`[batching] tune`, {tuning['elapsed_s']:.2f} s)"
+                    f" rows/s of {rates} rows, and served with {chose}.",
+                    "",
+                ]
         concs = sorted({c["concurrency"] for c in m["cells"]})
         rows = []
         for system, body in sorted({(c["system"], c["body"]) for c in m["cells"]}):

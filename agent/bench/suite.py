@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.bench.bodies import Bodies, make_bodies
@@ -35,15 +36,22 @@ from agent.model_config import ModelConfig
 from runtimes.examples import write_example_repository
 from runtimes.formats import find_model_file
 
-AGENT_CONFIG = {"cnn": "instances = 3\n"}
+AGENT_CONFIG = {"cnn": "instances = 2\n[batching]\ntune = true\n"}
 """The agents' model configuration beyond the defaults, by model. ``cnn`` is served as a
-throughput deployment would serve it: single-threaded sessions, one per core plus one, instead
-of one session of two threads. ONNX Runtime's two threads wait on each other inside every
-operator of a small batch; single-threaded sessions each keep a core busy, and the one more
-than the cores has a batch ready when another's answers and next requests are crossing HTTP
-(alternating runs at binary, concurrency 8, 2026-12-03: the machine idle 5-6 % of the time
-with two, 2.1-2.4 % with three; three served more in 9 of 10 pairs, -0.2 to +6.3 %, median
-+4 %). It costs latency with a single client (one thread per request)."""
+throughput deployment would serve it: one single-threaded session per core instead of one
+session of two threads (ONNX Runtime's two threads wait on each other inside every operator of
+a small batch), and its batch size measured at load (``[batching] tune``): whether two rows
+cost less per row than one depends on the CPU. Capped where the gain stops, a batch is full
+when formed, and a full batch waits queued behind the running ones, so no session waits for the
+event loop between batches; the third session this configuration had before did that job with
+open-ended batches. ``python -m agent.bench.ab --model cnn --body binary -c 8 --pairs 4
+--raw-instances 2 --raw-batch 2`` on two cores of a Xeon (model 207), 2026-12-05, against raw
+ONNX Runtime, medians of four pairs: three batched sessions (the configuration before) 0.827,
+0.816 and 0.823 x in three runs, two tuned sessions 0.933 and 0.899 in the first two (tuning
+chose no batching both times: 163 rows/s at one row, 156 at two in the second), two sessions
+capped at 2 rows 0.901 in the third, two without batching 0.937, 0.888 and 0.893. In two runs
+of three pairs in the same hour, three batched sessions 0.883 and 0.874, two without batching
+0.910 and 0.870."""
 NOBATCH_CONFIG = {"cnn": "instances = 2\n"}
 """The unbatched agent's model configuration, by model. Without batching ``cnn`` runs a session
 per core, a request queued behind the running ones keeping each busy (what the third session
@@ -261,6 +269,11 @@ def run_model(
             else:
                 cm = mlserver(model_file, model, probe, logs, scratch)
             servers[name] = stack.enter_context(cm)
+        loaded = {  # as the agents loaded the model: batching, its size, what tuning measured
+            name: httpx.get(f"{servers[name].base_url}/v2/models/{model}").json()["parameters"]
+            for name in servers
+            if name.startswith("agent")
+        }
         plan = [(c, s, k) for c in concurrencies for s in systems for k in BODY_KINDS[s]]
         for server in servers.values():  # warm connections, caches and allocator pools
             run_load(server.infer_url(model), *bodies.json, 4, 1.0)
@@ -293,6 +306,7 @@ def run_model(
         },
         "agent_config": AGENT_CONFIG.get(model, ""),
         "nobatch_config": NOBATCH_CONFIG.get(model, ""),
+        "agent_parameters": loaded,
         "cells": [asdict(c) for c in cells.values()],
         "overload": over,
         "startup_to_first_inference_s": startup,

@@ -74,6 +74,9 @@ def test_ab_runs_each_variant_against_raw_between_runs() -> None:
     # room for one request, the rest are refused
     assert all("503" in r["statuses"] for r in second["runs"])
     assert first["median_ratio_to_raw"] > 0
+    # each variant's model as it loaded, from its metadata
+    assert first["parameters"]["batched"] is True and first["parameters"]["max_batch_size"] == 8
+    assert second["parameters"]["batched"] is False
 
 
 def test_ab_refuses_a_variant_it_could_not_name_a_directory_after() -> None:

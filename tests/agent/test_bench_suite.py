@@ -74,8 +74,14 @@ def _serving(agent_rps: float | list[float], fastapi_rps: float | list[float]) -
         "duration_s": 1,
         "repeat": 1,
         "concurrency": [32],
-        "models": [{"model": "mlp", "raw": raw, "cells": cells, "overload": None}],
-    }
+        "models": [
+            {"model": "mlp", "raw": raw, "cells": cells, "overload": None, "agent_parameters": {
+                "agent": {"batched": False, "max_batch_size": 1, "batch_tuning": {
+                    "max_batch_size": 1, "rows_per_s": {"1": 163.0, "2": 156.1},
+                    "elapsed_s": 0.127}},
+                "agent-nobatch": {"batched": False, "max_batch_size": 1}}}
+        ],
+    }  # fmt: skip
 
 
 def test_goals_compare_figures_of_the_same_run() -> None:
@@ -141,6 +147,11 @@ def test_report_writes_tables_and_plots(tmp_path: Path) -> None:
         in text
     )
     assert "| agent (json) | 300 |" in text
+    # what [batching] tune measured at load, and what the agent served with
+    assert (
+        "`agent` measured at load (`[batching] tune`, 0.13 s) rows/s of 163 at 1, 156 at 2 rows, "
+        "and served with no batching." in text
+    )
     for name in ("throughput-mlp.png", "latency-mlp.png", "batches-mlp.png"):
         png = tmp_path / "benchmarks" / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
