@@ -55,7 +55,8 @@ class BatchingConfig(_Strict):
     """At load, measure the instances' rows per second at batch sizes 1, 2, 4, ... up to
     ``max_batch_size`` and serve with the largest size reached by steps that each gained 5 %;
     where a batch of two gains less than that, requests run one at a time
-    (:mod:`agent.inference.tuning`). Costs up to a second of load time."""
+    (:mod:`agent.inference.tuning`). Costs up to about a second of load time, and at least
+    one run at one row and one at two. The model's metadata and config give the result."""
     preferred_batch_sizes: tuple[int, ...] = ()
     """Batch sizes to run at once when they can be formed, without waiting the delay."""
     max_queue_delay_us: int = Field(default=0, ge=0)

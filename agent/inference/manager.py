@@ -252,7 +252,10 @@ class ModelManager:
                     batched = batched and problem is None
                     tuning = (
                         tune_batch_size(runtimes, ran, config.batching.max_batch_size)
-                        if batched and ran and config.batching.tune
+                        if batched
+                        and ran
+                        and config.batching.tune
+                        and config.batching.max_batch_size > 1
                         else None
                     )
                 except BaseException:

@@ -17,16 +17,18 @@ steps that each gained at least :data:`MIN_GAIN` in rows per second; 1 turns bat
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 
 from agent.model_config import BatchingConfig
 from runtimes.base import Runtime
+from runtimes.errors import RuntimeFailure
 
 MIN_GAIN = 0.05
 """A step to the next batch size must raise rows per second by this fraction to be taken:
@@ -39,7 +41,7 @@ MIN_RUN_S = 0.01
 few microseconds is not timed by one call."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class BatchTuning:
     """What the measurement found, for the log and the model's metadata."""
 
@@ -48,6 +50,8 @@ class BatchTuning:
     max_batch_size: int
     """The largest size every step to which gained :data:`MIN_GAIN`; 1 means no batching."""
     elapsed_s: float
+    failed: dict[int, str] = dataclasses.field(default_factory=dict)
+    """Sizes whose run failed, with the error: such a size ends the walk."""
 
     def applied_to(self, batching: BatchingConfig) -> BatchingConfig:
         """``batching`` capped at the size found (0, no batching, where it was 1), its
@@ -63,7 +67,7 @@ class BatchTuning:
             "max_batch_size": self.max_batch_size,
             "rows_per_s": {str(b): round(r, 1) for b, r in sorted(self.rows_per_s.items())},
             "elapsed_s": round(self.elapsed_s, 3),
-        }
+        } | ({"failed": {str(b): e for b, e in self.failed.items()}} if self.failed else {})
 
 
 def sizes_up_to(limit: int) -> list[int]:
@@ -121,9 +125,15 @@ def tune_batch_size(
     ``limit`` on the first row of ``inputs`` (the warm-up's), and choose (blocking)."""
     row = {name: array[:1] for name, array in inputs.items()}
     stacked: dict[int, dict[str, np.ndarray]] = {}
-    one = time.perf_counter()
-    runtimes[0].infer(row)
-    repeat = max(1, math.ceil(MIN_RUN_S / max(time.perf_counter() - one, 1e-6)))
+    failed: dict[int, str] = {}
+    one_s = math.inf
+    for _ in range(3):  # the fastest of up to three, unless one alone is long enough
+        started = time.perf_counter()
+        runtimes[0].infer(row)
+        one_s = min(one_s, time.perf_counter() - started)
+        if one_s >= MIN_RUN_S:
+            break
+    repeat = max(1, math.ceil(MIN_RUN_S / max(one_s, 1e-6)))
 
     def run(runtime: Runtime, batch: Mapping[str, np.ndarray], times: int) -> None:
         for _ in range(times):
@@ -135,10 +145,24 @@ def tune_batch_size(
             batch = stacked.setdefault(
                 size, {name: np.repeat(a, size, axis=0) for name, a in row.items()}
             )
+            if size in failed:
+                return 0.0
             times = max(1, math.ceil(repeat / size))
             started = time.perf_counter()
-            for done in [pool.submit(run, rt, batch, times) for rt in runtimes]:
-                done.result()
-            return len(runtimes) * times * size / (time.perf_counter() - started)
+            runs = [pool.submit(run, rt, batch, times) for rt in runtimes]
+            futures.wait(runs)  # every instance idle again before the next size
+            elapsed = time.perf_counter() - started
+            for done in runs:
+                exc = done.exception()
+                if exc is None:
+                    continue
+                # One row ran at the warm-up and two in batching_problem; a larger batch that
+                # fails (a device's memory, a model compiled for fixed sizes) ends the walk.
+                if size <= 2 or not isinstance(exc, RuntimeFailure):
+                    raise exc
+                failed[size] = str(exc)
+                return 0.0
+            return len(runtimes) * times * size / elapsed
 
-        return search(rate, limit)
+        tuning = search(rate, limit)
+    return dataclasses.replace(tuning, failed=failed)

@@ -17,6 +17,7 @@ from agent.inference.tuning import chosen_size, search, sizes_up_to
 from agent.model_config import BatchingConfig
 from runtimes.backends import open_model
 from runtimes.base import Placement, Runtime
+from runtimes.errors import InferenceFailedError
 from runtimes.settings import RuntimeSettings
 from runtimes.signature import ModelSignature
 from tests.agent.server import copy_models, serve
@@ -99,6 +100,10 @@ def test_a_dense_model_is_measured_to_batch(example_repo: Path, tmp_path: Path) 
         rates = tuning["rows_per_s"]
         assert rates["4"] >= 1.05 * rates["2"] >= 1.05**2 * rates["1"], tuning
         assert agent.infer_json("mlp", [ROW, ROW]).status_code == 200
+        # the config endpoint gives the batching as served, and what was measured
+        config = agent.client.get("/v2/models/mlp/config").json()
+        assert config["batching"]["max_batch_size"] == tuning["max_batch_size"]
+        assert config["batching"]["tune"] is True and config["batch_tuning"] == tuning
 
 
 class RowCostRuntime(Runtime):
@@ -146,6 +151,8 @@ def test_a_model_that_costs_as_much_per_row_in_a_batch_serves_requests_one_at_a_
         params = agent.client.get("/v2/models/mlp").json()["parameters"]
         assert params["batched"] is False and params["max_batch_size"] == 1, params
         assert params["batch_tuning"]["max_batch_size"] == 1
+        config = agent.client.get("/v2/models/mlp/config").json()
+        assert config["batching"]["max_batch_size"] == 0, config  # 0: no batching
         rates = params["batch_tuning"]["rows_per_s"]
         assert rates["2"] < 1.05 * rates["1"], params
         for runtime in made:
@@ -155,6 +162,53 @@ def test_a_model_that_costs_as_much_per_row_in_a_batch_serves_requests_one_at_a_
     assert [a.status_code for a in answers] == [200] * 12
     ran = [rows for runtime in made for rows in runtime.rows]
     assert ran == [1] * 12
+
+
+class RowLimitRuntime(Runtime):
+    """The real backend, failing batches of more than ``max_rows`` rows, as a model compiled
+    for fixed batch sizes does on some accelerators."""
+
+    name = "onnxruntime"
+    formats = frozenset()
+
+    def __init__(self, inner: Runtime, max_rows: int) -> None:
+        super().__init__(inner.settings)
+        self.inner, self.max_rows = inner, max_rows
+        self._signature = inner.signature
+
+    def _load(self, model_file: Path, placement: Placement) -> ModelSignature:
+        raise AssertionError("built already loaded")
+
+    def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = len(next(iter(inputs.values())))
+        if rows > self.max_rows:
+            raise InferenceFailedError(f"compiled for at most {self.max_rows} rows, got {rows}")
+        return self.inner.infer(inputs)
+
+    def _close(self) -> None:
+        self.inner.close()
+
+
+def test_a_batch_size_that_fails_ends_the_walk_and_requests_still_answer(
+    example_repo: Path, tmp_path: Path
+) -> None:
+    def factory(model_file: Path, placement: Placement, settings: RuntimeSettings) -> Runtime:
+        return RowLimitRuntime(open_model(model_file, placement, settings), max_rows=2)
+
+    # warmed up with zeros (one row, then two stacked): mlp's golden sample has 8 rows
+    config = f"[warmup]\ngolden = false\n{TUNED}"
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp", configs={"mlp": config})
+    with serve(repo, runtime_factory=factory) as agent:
+        params = agent.client.get("/v2/models/mlp").json()["parameters"]
+        tuning = params["batch_tuning"]
+        # mlp gains from two rows on any CPU; four failed, and nothing above it was tried
+        assert params["max_batch_size"] == tuning["max_batch_size"] == 2, tuning
+        assert list(tuning["failed"]) == ["4"] and "at most 2 rows" in tuning["failed"]["4"]
+        assert "8" not in tuning["rows_per_s"]
+        # a request of five rows is split into batches the model runs
+        answer = agent.infer_json("mlp", [ROW] * 5)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outputs"][0]["shape"] == [5, 10]
 
 
 def test_without_tune_nothing_is_measured(example_repo: Path, tmp_path: Path) -> None:
