@@ -8,6 +8,7 @@ import math
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,10 +125,18 @@ class Fleet:
 
 
 def start_fleet(
-    stack_: ExitStack, workdir: Path, devices: int, *, sim_procs: int, interval_s: float
+    stack_: ExitStack,
+    workdir: Path,
+    devices: int,
+    *,
+    sim_procs: int,
+    interval_s: float,
+    control_plane_env: Mapping[str, str] | None = None,
 ) -> Fleet:
     """Broker, control plane (with a validated v2 to roll out), bare subscriber and simulator
-    processes; returns once the control plane lists every device online."""
+    processes; returns once the control plane lists every device online.
+    ``control_plane_env`` is added to the control plane's environment only (a ``PYTHONPATH``
+    to run another code tree's control plane against the same simulator)."""
     logs = workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     mqtt_port = stack.free_port()
@@ -139,7 +148,11 @@ def start_fleet(
     config = stack.control_plane_config(workdir, mqtt_port, cp_port)
     exe = str(Path(sys.executable).parent / "edgefleet")
     cp = stack_.enter_context(
-        process([exe, "control-plane", "--config", str(config)], logs / "control-plane.log")
+        process(
+            [exe, "control-plane", "--config", str(config)],
+            logs / "control-plane.log",
+            env=control_plane_env,
+        )
     )
     url = f"http://127.0.0.1:{cp_port}/health"
     wait_for("the control plane", lambda: httpx.get(url).status_code == 200, 120)

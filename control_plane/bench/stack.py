@@ -16,7 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -56,9 +56,15 @@ def _raise_nofile() -> None:
 
 @contextmanager
 def process(
-    args: list[str], log: Path, *, stdin: bool = False, stdout: bool = False
+    args: list[str],
+    log: Path,
+    *,
+    stdin: bool = False,
+    stdout: bool = False,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A child process with ``ulimit -n`` raised to the hard limit; SIGTERM, then SIGKILL."""
+    """A child process with ``ulimit -n`` raised to the hard limit; SIGTERM, then SIGKILL.
+    ``env`` is added to this process's environment."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
             args,
@@ -66,6 +72,7 @@ def process(
             stdout=subprocess.PIPE if stdout else out,
             stderr=out,
             preexec_fn=_raise_nofile,
+            env={**os.environ, **env} if env else None,
         )
         try:
             yield proc
