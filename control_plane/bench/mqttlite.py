@@ -20,6 +20,8 @@ import struct
 from collections.abc import Callable
 from typing import cast
 
+from control_plane.mqttcodec import varint  # the remaining length's encoding is MQTT 3's too
+
 CONNECT, CONNACK, PUBLISH, PUBACK = 0x10, 0x20, 0x30, 0x40
 SUBSCRIBE, SUBACK, PINGREQ, PINGRESP, DISCONNECT = 0x82, 0x90, 0xC0, 0xD0, 0xE0
 
@@ -30,16 +32,6 @@ class MqttLiteError(Exception):
     """The broker refused us or the connection broke."""
 
 
-def _length(n: int) -> bytes:
-    """The remaining-length varint (section 2.2.3)."""
-    out = bytearray()
-    while True:
-        byte, n = n % 128, n // 128
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def _str(s: str | bytes) -> bytes:
     raw = s.encode() if isinstance(s, str) else s
     return struct.pack("!H", len(raw)) + raw
@@ -48,7 +40,7 @@ def _str(s: str | bytes) -> bytes:
 def publish_packet(topic: str, payload: bytes, qos: int, retain: bool, packet_id: int) -> bytes:
     head = PUBLISH | (qos << 1) | int(retain)
     body = _str(topic) + (struct.pack("!H", packet_id) if qos else b"") + payload
-    return bytes([head]) + _length(len(body)) + body
+    return bytes([head]) + varint(len(body)) + body
 
 
 class MqttLite(asyncio.Protocol):
@@ -156,7 +148,7 @@ class MqttLite(asyncio.Protocol):
             flags |= 0x04 | (qos << 3) | (0x20 if retain else 0)
             payload += _str(topic) + _str(message)
         body = _str("MQTT") + bytes([4, flags]) + struct.pack("!H", keepalive_s) + payload
-        self._write(bytes([CONNECT]) + _length(len(body)) + body)
+        self._write(bytes([CONNECT]) + varint(len(body)) + body)
         await self._connack
 
     async def subscribe(self, filters: list[tuple[str, int]]) -> None:
@@ -164,7 +156,7 @@ class MqttLite(asyncio.Protocol):
         body = struct.pack("!H", packet_id) + b"".join(_str(t) + bytes([q]) for t, q in filters)
         fut = asyncio.get_running_loop().create_future()
         self._waiting[packet_id] = fut
-        self._write(bytes([SUBSCRIBE]) + _length(len(body)) + body)
+        self._write(bytes([SUBSCRIBE]) + varint(len(body)) + body)
         await fut
 
     def publish(

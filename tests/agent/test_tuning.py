@@ -106,17 +106,18 @@ def test_a_dense_model_is_measured_to_batch(example_repo: Path, tmp_path: Path) 
         assert config["batching"]["tune"] is True and config["batch_tuning"] == tuning
 
 
-class RowCostRuntime(Runtime):
-    """The real backend, taking ``row_s`` more per row it runs: a model whose batch costs as
-    much per row as single rows, as a large network on one CPU core does. Records the row
-    counts of the batches run after :meth:`record`."""
+class ShapedRuntime(Runtime):
+    """The real backend, taking ``row_s`` more per row it runs (a model whose batch costs as
+    much per row as single rows, as a large network on one CPU core does) and failing batches
+    of more than ``max_rows`` (as a model compiled for fixed batch sizes does on some
+    accelerators). Records the row counts of the batches run once ``recording`` is set."""
 
     name = "onnxruntime"
     formats = frozenset()
 
-    def __init__(self, inner: Runtime, row_s: float) -> None:
+    def __init__(self, inner: Runtime, row_s: float = 0.0, max_rows: int | None = None) -> None:
         super().__init__(inner.settings)
-        self.inner, self.row_s = inner, row_s
+        self.inner, self.row_s, self.max_rows = inner, row_s, max_rows
         self._signature = inner.signature
         self.rows: list[int] = []
         self.recording = threading.Event()
@@ -126,6 +127,8 @@ class RowCostRuntime(Runtime):
 
     def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = len(next(iter(inputs.values())))
+        if self.max_rows is not None and rows > self.max_rows:
+            raise InferenceFailedError(f"compiled for at most {self.max_rows} rows, got {rows}")
         time.sleep(self.row_s * rows)
         if self.recording.is_set():
             self.rows.append(rows)
@@ -139,10 +142,10 @@ class RowCostRuntime(Runtime):
 def test_a_model_that_costs_as_much_per_row_in_a_batch_serves_requests_one_at_a_time(
     example_repo: Path, tmp_path: Path, instances: int
 ) -> None:
-    made: list[RowCostRuntime] = []
+    made: list[ShapedRuntime] = []
 
     def factory(model_file: Path, placement: Placement, settings: RuntimeSettings) -> Runtime:
-        made.append(RowCostRuntime(open_model(model_file, placement, settings), row_s=0.03))
+        made.append(ShapedRuntime(open_model(model_file, placement, settings), row_s=0.03))
         return made[-1]
 
     config = f"instances = {instances}\n{TUNED}"
@@ -164,36 +167,11 @@ def test_a_model_that_costs_as_much_per_row_in_a_batch_serves_requests_one_at_a_
     assert ran == [1] * 12
 
 
-class RowLimitRuntime(Runtime):
-    """The real backend, failing batches of more than ``max_rows`` rows, as a model compiled
-    for fixed batch sizes does on some accelerators."""
-
-    name = "onnxruntime"
-    formats = frozenset()
-
-    def __init__(self, inner: Runtime, max_rows: int) -> None:
-        super().__init__(inner.settings)
-        self.inner, self.max_rows = inner, max_rows
-        self._signature = inner.signature
-
-    def _load(self, model_file: Path, placement: Placement) -> ModelSignature:
-        raise AssertionError("built already loaded")
-
-    def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows = len(next(iter(inputs.values())))
-        if rows > self.max_rows:
-            raise InferenceFailedError(f"compiled for at most {self.max_rows} rows, got {rows}")
-        return self.inner.infer(inputs)
-
-    def _close(self) -> None:
-        self.inner.close()
-
-
 def test_a_batch_size_that_fails_ends_the_walk_and_requests_still_answer(
     example_repo: Path, tmp_path: Path
 ) -> None:
     def factory(model_file: Path, placement: Placement, settings: RuntimeSettings) -> Runtime:
-        return RowLimitRuntime(open_model(model_file, placement, settings), max_rows=2)
+        return ShapedRuntime(open_model(model_file, placement, settings), max_rows=2)
 
     # warmed up with zeros (one row, then two stacked): mlp's golden sample has 8 rows
     config = f"[warmup]\ngolden = false\n{TUNED}"
