@@ -1,34 +1,17 @@
-"""The ``edgefleet`` command. Subcommands plug in through the ``edgefleet.commands`` entry
-point group, so the agent never imports the control plane and a device install can omit it."""
+"""The agent's commands under ``edgefleet`` (the root is :mod:`common.cli`): hardware, the
+example models and their self-test, and the agent itself."""
 
 from __future__ import annotations
 
 import json
-from importlib.metadata import entry_points
 from pathlib import Path
 
 import click
 
-from agent import __version__
 from agent.plans import plan_repository
+from common.cli import subgroup
 from runtimes.errors import RuntimeFailure
 from runtimes.hardware.context import HardwareContext
-
-
-@click.group()
-@click.version_option(__version__, prog_name="edgefleet")
-def cli() -> None:
-    """edgefleet: edge inference runtime with fleet management."""
-
-
-def main() -> None:
-    for ep in entry_points(group="edgefleet.commands"):
-        try:
-            register = ep.load()
-        except ImportError:
-            continue  # a part not installed here (e.g. the control plane on a device)
-        register(cli)
-    cli()
 
 
 def _context(root: Path, profiles: Path | None, profile: str) -> HardwareContext:
@@ -129,10 +112,7 @@ def _print_report(report: dict) -> None:  # type: ignore[type-arg]
 
 
 def register_models(group: click.Group) -> None:
-    models = group.commands.get("models")
-    if not isinstance(models, click.Group):
-        models = click.Group("models", help="Model repositories and the model registry.")
-        group.add_command(models)
+    models = subgroup(group, "models", "Model repositories and the model registry.")
 
     @models.command("example")
     @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
@@ -149,7 +129,21 @@ def register_models(group: click.Group) -> None:
         except (FileExistsError, ValueError) as exc:
             raise click.ClickException(str(exc)) from exc
 
-    del example
+    @models.command("selftest")
+    @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+    @click.option(
+        "--cache-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Compiled-model cache (default: none).",
+    )
+    def selftest(directory: Path, cache_dir: Path | None) -> None:
+        """Place every model of DIRECTORY on this machine's best runtime and device, load it
+        and check it against its golden sample; exit 1 if any model fails."""
+        from agent.selftest import self_test
+
+        raise SystemExit(self_test(directory, cache_dir, click.echo))
+
+    del example, selftest
 
 
 def register_agent(group: click.Group) -> None:

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 import socket
 import stat
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
@@ -21,10 +17,11 @@ from agent.api.state import ApiState
 from agent.inference.manager import ModelManager
 from agent.inference.service import InferenceService
 from agent.inference.versions import RuntimeFactory
-from agent.logs import configure_logging
 from agent.metrics import AgentMetrics
 from agent.settings import AgentSettings
 from agent.systemd import SystemdNotifier
+from common.logs import configure_logging
+from common.server import GracefulServer
 from runtimes.backends import open_model
 from runtimes.hardware.context import HardwareContext
 
@@ -87,39 +84,6 @@ def bind_socket(settings: AgentSettings) -> socket.socket:
     sock.listen(2048)
     sock.setblocking(False)
     return sock
-
-
-class GracefulServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, notifier: SystemdNotifier | None = None) -> None:
-        super().__init__(config)
-        self.notifier = notifier
-
-    async def on_tick(self, counter: int) -> bool:
-        if self.notifier is not None:
-            self.notifier.tick()  # READY=1 and the watchdog, from the serving loop itself
-        return await super().on_tick(counter)
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        if self.notifier is not None:
-            self.notifier.stopping()
-        await super().shutdown(sockets)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        """Handle SIGINT/SIGTERM as uvicorn does, without raising the signal again afterwards:
-        uvicorn re-raises it so the process dies by the signal, but a clean shutdown on SIGTERM
-        is a success (exit 0) for systemd and Kubernetes."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {
-            sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)
-        }
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 def server_config(settings: AgentSettings, state: ApiState) -> uvicorn.Config:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.model_config import ModelConfigError, load_model_config, version_dirs
+from common.model_config import ModelConfigError, load_model_config, version_dirs
 from runtimes.errors import RuntimeFailure
 from runtimes.formats import ModelFormat, find_model_file
 from runtimes.hardware.context import HardwareContext

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import (
@@ -16,6 +16,7 @@ from pydantic_settings import (
 )
 
 from agent.fleet.settings import FleetSettings
+from common.settings import settings_from
 from runtimes.settings import RuntimeSettings
 
 
@@ -145,24 +146,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-S = TypeVar("S", bound=BaseSettings)
-
-
-def settings_from(cls: type[S], config_file: Path | None = None, **overrides: object) -> S:
-    """Build ``cls``; a TOML file is read under the environment, flags (``overrides``) win.
-
-    Raises:
-        FileNotFoundError: ``config_file`` was given and does not exist.
-    """
-    if config_file is not None:
-        if not config_file.is_file():
-            raise FileNotFoundError(f"settings file {config_file} does not exist")
-        cls = type(
-            cls.__name__, (cls,), {"model_config": SettingsConfigDict(toml_file=config_file)}
-        )
-    return cls(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
 
 
 def load_settings(config_file: Path | None = None, **overrides: object) -> AgentSettings:

@@ -98,7 +98,7 @@ def register_control_plane(root: click.Group) -> None:
         """Create an API token directly in the database (printed once)."""
         import asyncio
 
-        from control_plane.auth import Role, create_token
+        from control_plane.api.auth import Role, create_token
         from control_plane.db.session import make_engine, migrate, session_factory
         from control_plane.settings import load_settings
 

@@ -26,7 +26,6 @@ import httpx
 import numpy as np
 import tomli_w
 
-from agent.demo import run_demo as self_test_locally
 from control_plane.provisioning.acl import CONTROL_PLANE_USER
 from control_plane.provisioning.mosquitto import FleetAccess
 from runtimes.examples import write_example_repository
@@ -101,6 +100,20 @@ def _infer(url: str, x: np.ndarray) -> httpx.Response:
     return httpx.post(f"{url}/v2/models/mlp/infer", json=body, timeout=30)
 
 
+def _self_test_locally(exe: str, workdir: Path, echo: Echo) -> int:
+    """The example models placed and self-tested on this machine, by the agent's own command
+    in a process of its own (the control plane loads no serving code of the agent)."""
+    repository = workdir / "models"
+    echo(f"== writing the example model repository to {repository}")
+    write_example_repository(repository, overwrite=True, log=echo)
+    command = [exe, "models", "selftest", str(repository), "--cache-dir", str(workdir / "cache")]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as check:
+        assert check.stdout is not None
+        for line in check.stdout:
+            echo(line.rstrip("\n"))
+    return check.returncode
+
+
 def run_demo(
     workdir: Path, echo: Echo, mqtt_url: str | None = None, log_level: str = "INFO"
 ) -> int:
@@ -109,9 +122,9 @@ def run_demo(
     workdir.mkdir(parents=True)
     logs = workdir / "logs"
     logs.mkdir()
-    if self_test_locally(workdir / "local", echo):
-        return 1
     exe = str(Path(sys.executable).parent / "edgefleet")
+    if _self_test_locally(exe, workdir / "local", echo):
+        return 1
     with ExitStack() as stack:
         echo(f"== starting a broker, the control plane and two agents (logs in {logs})")
         cp_state = workdir / "control-plane"

@@ -6,20 +6,20 @@ import logging
 
 import uvicorn
 
-from agent.logs import configure_logging
-from agent.main import GracefulServer
+from common.logs import configure_logging
+from common.server import GracefulServer
 from control_plane.api.app import create_app
 from control_plane.api.deps import Services
-from control_plane.bus import FleetBus
 from control_plane.db.session import make_engine, migrate, session_factory
-from control_plane.ingest import Ingestor
-from control_plane.keys import KeyRing, load_key, load_or_create_key
+from control_plane.ingest.ingestor import Ingestor
+from control_plane.ingest.presence import SilenceRule
 from control_plane.metrics import FleetMetrics
-from control_plane.presence import SilenceRule
-from control_plane.registry import ArtifactStore
-from control_plane.rollouts import RolloutEngine
+from control_plane.mqtt.bus import FleetBus
+from control_plane.registry.store import ArtifactStore
+from control_plane.rollouts.engine import RolloutEngine
 from control_plane.settings import ControlPlaneSettings
-from control_plane.trust import TrustManager
+from control_plane.signing.keys import KeyRing, load_key, load_or_create_key
+from control_plane.signing.trust import TrustManager
 
 log = logging.getLogger("edgefleet.control_plane")
 

@@ -17,7 +17,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from control_plane.presence import Presence, SilenceRule
+from control_plane.ingest.presence import Presence, SilenceRule
 
 
 @dataclass
@@ -82,7 +82,7 @@ class FleetMetrics:
         self.reused_packet_ids = Counter(
             "edgefleet_mqtt_reused_packet_ids",
             "Device messages the broker sent under a packet id still awaiting our acknowledgement"
-            " (a broker fault; each is acknowledged once, see control_plane.mqttwire)",
+            " (a broker fault; each is acknowledged once, see control_plane.mqtt.wire)",
             registry=r,
         )
         self.batch_seconds = Histogram(

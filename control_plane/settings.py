@@ -14,7 +14,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from agent.settings import settings_from
+from common.settings import settings_from
 from control_plane.k8s.settings import KubernetesSettings
 
 
@@ -98,7 +98,7 @@ class ControlPlaneSettings(BaseSettings):
     presence_timeout_s: float = Field(default=60.0, ge=0)
     """A device whose last status is online but from which nothing has come for longer than
     this, or than three of the telemetry intervals it announced if that is longer, is shown as
-    silent, not online (its last will may never have been published; control_plane.presence).
+    silent, not online (its last will may never have been published; control_plane.ingest.presence).
     0 turns the check off."""
     validation_rtol: float = Field(default=1e-3, gt=0)
     validation_atol: float = Field(default=1e-3, gt=0)

@@ -11,7 +11,6 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from agent import __version__
 from agent.api import repository, tfserving, v2
 from agent.api.access import ApiKeys, RateLimiter
 from agent.api.admission import Admission
@@ -19,6 +18,7 @@ from agent.api.context import RequestContext
 from agent.api.errors import HANDLED, handle_error
 from agent.api.fastpath import InferFastPath
 from agent.api.state import ApiState
+from common import __version__
 
 log = logging.getLogger("edgefleet.agent")
 

@@ -13,7 +13,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from agent import errors as agent_errors
-from agent.model_config import ModelConfigError
+from common.model_config import ModelConfigError
 from runtimes import errors as runtime_errors
 
 log = logging.getLogger("edgefleet.agent.api")

@@ -345,9 +345,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
         Only bodies of :data:`BUFFERED_BODY_BYTES` or more: ``mlp``, JSON, concurrency 32
         (bodies of about 3 KB) served fewer requests answered this way (``python -m
-        agent.bench.ab``, 2026-12-05: 6,305-6,558 against 7,812-7,930 requests/s, and 7,467-7,638
-        against 7,450-8,124 with small bodies left to the task; perhaps because a task lets the
-        loop parse every connection's read before any request is decoded and queued)."""
+        benchmarks.serving.ab``, 2026-12-05: 6,305-6,558 against 7,812-7,930 requests/s, and
+        7,467-7,638 against 7,450-8,124 with small bodies left to the task; perhaps because a task
+        lets the loop parse every connection's read before any request is decoded and queued)."""
         direct: DirectApp | None = getattr(app, "direct_app", None)
         if (
             direct is not None

@@ -12,7 +12,6 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope
 
-from agent import __version__
 from agent.api.openapi import V2_INFER
 from agent.api.state import ApiState
 from agent.api.transport import (
@@ -32,6 +31,7 @@ from agent.api.v2_codec import (
 from agent.errors import RequestError
 from agent.inference.service import InferRequest, InferResponse
 from agent.inference.versions import LoadedVersion
+from common import __version__
 
 router = APIRouter(tags=["KServe V2"])
 

@@ -23,7 +23,6 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pydantic import ValidationError
 
-from agent import __version__
 from agent.accelerators import AcceleratorProbe
 from agent.fleet.outbox import Outbox
 from agent.fleet.settings import FleetSettings
@@ -33,8 +32,9 @@ from agent.fleet.telemetry import TelemetryCollector
 from agent.fleet.updater import Item, Report, Updater
 from agent.inference.manager import ModelManager
 from agent.metrics import AgentMetrics
-from agent.protocol.errors import ProtocolError, Rejection
-from agent.protocol.messages import (
+from common import __version__
+from common.protocol.errors import ProtocolError, Rejection
+from common.protocol.messages import (
     Command,
     DesiredState,
     DeviceStatus,
@@ -43,9 +43,9 @@ from agent.protocol.messages import (
     UpdateEvent,
     UpdateState,
 )
-from agent.protocol.signing import apply_trust_update, parse_envelope
-from agent.protocol.topics import Topics
-from agent.protocol.verify import DeviceIdentity, claimed, verify_command, verify_manifest
+from common.protocol.signing import apply_trust_update, parse_envelope
+from common.protocol.topics import Topics
+from common.protocol.verify import DeviceIdentity, claimed, verify_command, verify_manifest
 from runtimes.errors import NoPlacementError
 from runtimes.formats import ModelFormat
 from runtimes.hardware.context import HardwareContext

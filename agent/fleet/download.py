@@ -14,11 +14,11 @@ from pathlib import Path
 import httpx
 
 from agent.fleet.settings import FleetSettings
-from agent.fleet.state import fsync_path
 from agent.fleet.store import ModelStore, is_disk_full
-from agent.protocol.errors import ProtocolError, Rejection
-from agent.protocol.messages import FileRef, UpdateState
-from agent.protocol.verify import VerifiedManifest
+from common.files import fsync_path
+from common.protocol.errors import ProtocolError, Rejection
+from common.protocol.messages import FileRef, UpdateState
+from common.protocol.verify import VerifiedManifest
 
 log = logging.getLogger("edgefleet.agent.fleet")
 

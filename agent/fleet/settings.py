@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from agent.protocol.topics import valid_device_id
+from common.protocol.topics import valid_device_id
 
 
 class FleetSettings(BaseModel):

@@ -28,10 +28,10 @@ from typing import Any
 
 import tomli_w
 
-from agent.fleet.state import write_atomically
-from agent.model_config import CONFIG_FILE
-from agent.protocol.errors import ProtocolError, Rejection
-from agent.protocol.messages import FileRef
+from common.files import write_atomically
+from common.model_config import CONFIG_FILE
+from common.protocol.errors import ProtocolError, Rejection
+from common.protocol.messages import FileRef
 
 DIGESTS_FILE = ".digests.json"
 UNCOMMITTED = ".uncommitted"

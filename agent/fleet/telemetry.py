@@ -10,7 +10,7 @@ import psutil
 
 from agent.accelerators import AcceleratorProbe
 from agent.inference.manager import ModelManager
-from agent.protocol.messages import DeviceTelemetry, ModelTelemetry
+from common.protocol.messages import DeviceTelemetry, ModelTelemetry
 
 
 @dataclass

@@ -39,10 +39,10 @@ from agent.fleet.state import FleetState, StateFiles
 from agent.fleet.store import ModelStore, is_disk_full
 from agent.inference.manager import ModelManager
 from agent.inference.versions import LoadedVersion
-from agent.model_config import CONFIG_FILE, ModelConfig
-from agent.protocol.errors import ProtocolError, Rejection
-from agent.protocol.messages import Command, HealthCriteria, ModelManifest, UpdateState
-from agent.protocol.verify import VerifiedManifest, verify_window
+from common.model_config import CONFIG_FILE, ModelConfig
+from common.protocol.errors import ProtocolError, Rejection
+from common.protocol.messages import Command, HealthCriteria, ModelManifest, UpdateState
+from common.protocol.verify import VerifiedManifest, verify_window
 from runtimes.errors import RuntimeFailure, validation_message
 from runtimes.golden import GOLDEN_FILE, GoldenSample
 

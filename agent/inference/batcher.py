@@ -55,7 +55,7 @@ import numpy as np
 from agent.errors import DeadlineExceededError, OverloadedError, ShuttingDownError
 from agent.inference.batch_run import ItemResult, Ran, joined, run_batch
 from agent.inference.priority import lower_this_thread
-from agent.model_config import BatchingConfig
+from common.model_config import BatchingConfig
 from runtimes.base import Runtime
 from runtimes.errors import InferenceFailedError, RuntimeFailure
 

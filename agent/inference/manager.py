@@ -41,7 +41,7 @@ from agent.inference.versions import (
     open_instances,
     warm_up,
 )
-from agent.model_config import ModelConfig, ModelConfigError, load_model_config, version_dirs
+from common.model_config import ModelConfig, ModelConfigError, load_model_config, version_dirs
 from runtimes.backends import open_model
 from runtimes.base import Placement, Runtime
 from runtimes.errors import DeviceUnavailableError, RuntimeFailure, UnsupportedModelError

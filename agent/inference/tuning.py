@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from agent.model_config import BatchingConfig
+from common.model_config import BatchingConfig
 from runtimes.base import Runtime
 from runtimes.errors import RuntimeFailure
 

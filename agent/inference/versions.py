@@ -17,7 +17,7 @@ from agent.errors import LoadError
 from agent.inference.batcher import Batcher
 from agent.inference.stats import VersionStats
 from agent.inference.tuning import BatchTuning
-from agent.model_config import ModelConfig
+from common.model_config import ModelConfig
 from runtimes.backends import open_model
 from runtimes.base import Placement, Runtime
 from runtimes.datatypes import numpy_dtype

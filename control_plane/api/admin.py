@@ -10,9 +10,9 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import Response
 
-from control_plane import audit
+from control_plane.api import audit
+from control_plane.api.auth import Principal, Role, create_token
 from control_plane.api.deps import ADMIN, SESSION, VIEWER, json_response
-from control_plane.auth import Principal, Role, create_token
 from control_plane.db.models import NAME_LENGTH, AuditEntry
 
 router = APIRouter(prefix="/api/v1", tags=["Administration"])

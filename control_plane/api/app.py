@@ -15,15 +15,15 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from starlette.responses import Response
 
-from agent import __version__
-from control_plane import maintenance
+from common import __version__
 from control_plane.api import admin, fleet, models
+from control_plane.api.auth import bootstrap_admin
 from control_plane.api.deps import Services, handle_error, json_response
-from control_plane.auth import bootstrap_admin
 from control_plane.errors import ControlPlaneError
-from control_plane.ingest import HELD_PER_MESSAGE
+from control_plane.ingest import retention
+from control_plane.ingest.ingestor import HELD_PER_MESSAGE
 from control_plane.settings import ControlPlaneSettings
-from control_plane.trust import TrustManager
+from control_plane.signing.trust import TrustManager
 
 log = logging.getLogger("edgefleet.control_plane")
 
@@ -56,7 +56,7 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
             asyncio.create_task(svc.bus.run(), name="mqtt"),
             asyncio.create_task(svc.ingestor.run(), name="ingest"),
             asyncio.create_task(svc.engine.run(), name="rollouts"),
-            asyncio.create_task(maintenance.run(svc.sessions, svc.settings), name="maintenance"),
+            asyncio.create_task(retention.run(svc.sessions, svc.settings), name="maintenance"),
         ]
         try:
             yield

@@ -12,7 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 from starlette.responses import Response
 
-from control_plane import audit
+from control_plane.api import audit
+from control_plane.api.auth import Principal
 from control_plane.api.deps import (
     INT32_MAX,
     OPERATOR,
@@ -22,12 +23,11 @@ from control_plane.api.deps import (
     json_response,
     services,
 )
-from control_plane.auth import Principal
 from control_plane.db.models import Device, Rollout, RolloutDevice, TelemetrySample
 from control_plane.db.session import stored_utc
 from control_plane.errors import Invalid, NotFound
-from control_plane.presence import Presence
-from control_plane.rollout_spec import RolloutSpec
+from control_plane.ingest.presence import Presence
+from control_plane.rollouts.spec import RolloutSpec
 
 router = APIRouter(prefix="/api/v1", tags=["Fleet"])
 LABELS = Query(default=[], description="key=value; repeat for several")

@@ -13,7 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 from starlette.responses import Response, StreamingResponse
 
-from control_plane import audit
+from control_plane.api import audit
+from control_plane.api.auth import Principal
 from control_plane.api.deps import (
     INDEX,
     INT32_MAX,
@@ -24,11 +25,16 @@ from control_plane.api.deps import (
     json_response,
     services,
 )
-from control_plane.auth import Principal
 from control_plane.db.models import NAME_LENGTH, Artifact, Model, ModelVersion
 from control_plane.errors import Invalid, NotFound
-from control_plane.registry import add_file, create_version, get_model, get_version, record_artifact
-from control_plane.validation import validate
+from control_plane.registry.store import (
+    add_file,
+    create_version,
+    get_model,
+    get_version,
+    record_artifact,
+)
+from control_plane.registry.validation import validate
 
 router = APIRouter(prefix="/api/v1", tags=["Model registry"])
 artifacts = APIRouter(tags=["Artifacts"])

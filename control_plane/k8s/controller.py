@@ -42,7 +42,7 @@ from control_plane.k8s.resource import (
     spec_changes,
 )
 from control_plane.k8s.settings import KubernetesSettings
-from control_plane.rollouts import RolloutEngine
+from control_plane.rollouts.engine import RolloutEngine
 
 log = logging.getLogger("edgefleet.control_plane.k8s")
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from control_plane.db.models import Rollout
 from control_plane.errors import Invalid
 from control_plane.k8s.api import Obj
-from control_plane.rollout_spec import RolloutSpec
+from control_plane.rollouts.spec import RolloutSpec
 
 PHASES = {
     "pending": "Pending",

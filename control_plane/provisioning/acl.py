@@ -2,7 +2,7 @@
 
 Devices get pattern rules: ``%u`` is the username, which is the device id (password file) or
 the certificate's common name (``use_identity_as_username``), so one set of rules confines
-every device to its own subtree of :class:`agent.protocol.topics.Topics`. Service users (the
+every device to its own subtree of :class:`common.protocol.topics.Topics`. Service users (the
 control plane, a read-only dashboard) get explicit rules.
 
 NOTE: Mosquitto also checks read rules at delivery, not only at subscribe time, so a device
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agent.protocol.topics import Topics
+from common.protocol.topics import Topics
 
 CONTROL_PLANE_USER = "edgefleet-control-plane"
 DASHBOARD_USER = "edgefleet-dashboard"

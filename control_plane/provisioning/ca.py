@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from agent.fleet.state import write_atomically
+from common.files import write_atomically
 
 CA_LIFETIME = timedelta(days=3650)
 CRL_LIFETIME = timedelta(days=90)

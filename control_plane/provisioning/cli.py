@@ -105,7 +105,7 @@ def register_fleet(root: click.Group) -> None:
     ) -> None:
         """Write mosquitto.conf, the ACL and the password file (or, with --tls, the CA, the
         broker certificate and the CRL) for every device issued so far."""
-        from agent.protocol.topics import Topics
+        from common.protocol.topics import Topics
         from control_plane.provisioning.acl import CONTROL_PLANE_USER, DASHBOARD_USER
         from control_plane.provisioning.mosquitto import FleetAccess, loopback_only
 

@@ -20,8 +20,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.fleet.state import write_atomically
-from agent.protocol.topics import Topics, valid_device_id
+from common.files import write_atomically
+from common.protocol.topics import Topics, valid_device_id
 from control_plane.provisioning.acl import CONTROL_PLANE_USER, RESERVED_USERS, render_acl
 from control_plane.provisioning.ca import FleetCA, IssuedCert
 from control_plane.provisioning.passwords import PasswordFile, hash_password, new_password

@@ -16,7 +16,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.fleet.state import write_atomically
+from common.files import write_atomically
 
 ITERATIONS = 101
 """mosquitto_passwd's default. The passwords issued here are 256-bit random tokens, so the

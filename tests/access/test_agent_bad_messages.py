@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.protocol.messages import DesiredState
-from agent.protocol.signing import sign_envelope
+from common.protocol.messages import DesiredState
+from common.protocol.signing import sign_envelope
 from runtimes.examples.variants import mlp_version
 from tests.access.metrics import counts
 from tests.agent.server import wait_until

@@ -15,7 +15,7 @@ import pytest
 
 from agent.errors import ShuttingDownError
 from agent.inference.batcher import Batcher
-from agent.model_config import BatchingConfig
+from common.model_config import BatchingConfig
 from runtimes.base import Placement, Runtime
 from runtimes.errors import DeviceUnavailableError, InferenceFailedError, RuntimeFailure
 from runtimes.signature import ModelSignature, TensorSpec

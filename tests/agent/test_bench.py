@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.bench.ab import Variant, compare
-from agent.bench.calls import count_calls
-from agent.bench.loadgen import build_request
-from agent.bench.serving import binary_request
+from benchmarks.serving.ab import Variant, compare
+from benchmarks.serving.calls import count_calls
+from benchmarks.serving.loadgen import build_request
+from benchmarks.serving.serving import binary_request
 from tests.agent.server import copy_models, serve
 
 
@@ -23,7 +23,7 @@ def test_loadgen_drives_a_real_agent_and_reports(example_repo: Path, tmp_path: P
     body, headers = binary_request(np.zeros((1, 256), np.float32))
     (tmp_path / "body.bin").write_bytes(body)
     with serve(repo) as agent:
-        args = [sys.executable, "-m", "agent.bench.loadgen", "--url", f"{agent.url}/v2/models/mlp/infer",
+        args = [sys.executable, "-m", "benchmarks.serving.loadgen", "--url", f"{agent.url}/v2/models/mlp/infer",
                 "--body", str(tmp_path / "body.bin"), "-c", "4", "-d", "1"]  # fmt: skip
         for h in headers:
             args += ["--header", h]

@@ -13,13 +13,13 @@ import httpx
 import numpy as np
 import orjson
 
-from agent.bench.bodies import make_bodies
-from agent.bench.goals import evaluate, lean_reference
-from agent.bench.plots import raw_label
-from agent.bench.report import render
-from agent.bench.serving import raw_throughput
-from agent.bench.suite import measure
-from agent.bench.systems import agent, fastapi_endpoint, lean_server
+from benchmarks.serving.bodies import make_bodies
+from benchmarks.serving.goals import evaluate, lean_reference
+from benchmarks.serving.plots import raw_label
+from benchmarks.serving.report import render
+from benchmarks.serving.serving import raw_throughput
+from benchmarks.serving.suite import measure
+from benchmarks.serving.systems import agent, fastapi_endpoint, lean_server
 from runtimes.backends import open_model
 from runtimes.base import Placement
 from tests.agent.server import copy_models
@@ -167,9 +167,8 @@ def test_the_raw_line_names_its_sessions_and_batch() -> None:
 
 def test_bench_command_renders_saved_results(tmp_path: Path) -> None:
     """``edgefleet bench`` with every part skipped renders the results it finds."""
+    from benchmarks.serving.run import bench
     from click.testing import CliRunner
-
-    from agent.bench.run import bench
 
     results = tmp_path / "results"
     results.mkdir()
@@ -209,7 +208,7 @@ def test_a_model_config_reaches_both_agents_and_raw_runs_sessions_side_by_side(
 def test_fleet_table_shows_the_bare_rate_before_and_after_the_sweep() -> None:
     """The ratio is to the median of the bare rates on both sides of the sweep; the table
     shows each side, so a machine that changed speed during the sweep shows."""
-    from agent.bench.tables import fleet_section
+    from benchmarks.serving.tables import fleet_section
 
     size = {
         "devices": 5000,

@@ -21,7 +21,7 @@ def edgefleet(*args: str, check: bool = True) -> subprocess.CompletedProcess[str
 
 
 def test_version() -> None:
-    from agent import __version__
+    from common import __version__
 
     assert edgefleet("--version").stdout.strip() == f"edgefleet, version {__version__}"
 

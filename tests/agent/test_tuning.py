@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from agent.inference.tuning import chosen_size, search, sizes_up_to
-from agent.model_config import BatchingConfig
+from common.model_config import BatchingConfig
 from runtimes.backends import open_model
 from runtimes.base import Placement, Runtime
 from runtimes.errors import InferenceFailedError

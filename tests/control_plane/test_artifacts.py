@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.registry import ArtifactStore, read_signature
+from control_plane.registry.store import ArtifactStore, read_signature
 
 
 async def chunks_of(data: bytes) -> AsyncIterator[bytes]:

@@ -6,7 +6,7 @@ import asyncio
 import stat
 from pathlib import Path
 
-from control_plane.auth import authenticate, bootstrap_admin
+from control_plane.api.auth import authenticate, bootstrap_admin
 from control_plane.db.session import make_engine, migrate, session_factory
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agent.protocol.messages import DesiredState
+from common.protocol.messages import DesiredState
 from runtimes.examples.variants import mlp_version
 from tests.access.mqtt_client import ProbeClient
 from tests.agent.server import wait_until

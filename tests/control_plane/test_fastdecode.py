@@ -1,4 +1,4 @@
-"""The msgspec mirror of a wire model (control_plane/fastdecode.py) against the model itself:
+"""The msgspec mirror of a wire model (control_plane/ingest/decode.py) against the model itself:
 whatever the mirror accepts, the model accepts with the same values (a time finer than a
 microsecond is rounded where the model truncates it: at most 1 us apart), so decoding with the
 mirror first changes what ingest stores in no other case; what it refuses, the model decides."""
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agent.protocol.messages import (
+from common.protocol.messages import (
     DeviceStatus,
     DeviceTelemetry,
     ModelTelemetry,
@@ -24,8 +24,8 @@ from agent.protocol.messages import (
     UpdateEvent,
 )
 from control_plane.db.models import DeviceSample, TelemetrySample
-from control_plane.fastdecode import FastDecoder, mirror
-from control_plane.rows import (
+from control_plane.ingest.decode import FastDecoder, mirror
+from control_plane.ingest.rows import (
     DEVICE_SAMPLE_COLUMNS,
     SAMPLE_COLUMNS,
     TELEMETRY_TABLES,
@@ -264,7 +264,7 @@ def test_a_model_the_mirror_cannot_follow_is_refused_when_built() -> None:
             mirror(model)
 
 
-# -- with the telemetry tables' bounds (control_plane.ingest.storable_bounds) ---------------
+# -- with the telemetry tables' bounds (control_plane.ingest.ingestor.storable_bounds) ---------------
 
 STORABLE = FastDecoder(Telemetry, storable_bounds())
 EDGES: list[Any] = [

@@ -12,8 +12,8 @@ from typing import Any, cast
 
 import pytest
 
-from control_plane.bench import phases
-from control_plane.bench.measure import Fleet, start_fleet
+from benchmarks.fleet import phases
+from benchmarks.fleet.measure import Fleet, start_fleet
 
 DEVICES = 50
 UPDATE_ORDER = ["received", "downloading", "downloading", "verified", "staged", "active"]

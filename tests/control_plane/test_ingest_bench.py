@@ -1,4 +1,4 @@
-"""``python -m control_plane.bench.ingest``: two code trees' control planes in turn against a
+"""``python -m benchmarks.fleet.ingest``: two code trees' control planes in turn against a
 real Mosquitto and simulator, each run's messages all stored and its CPU per message given.
 Counts and presence, not speeds."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import control_plane
-from control_plane.bench.ingest import compare, parse_tree
+from benchmarks.fleet.ingest import compare, parse_tree
 
 REPO = Path(control_plane.__file__).resolve().parent.parent
 

@@ -20,9 +20,8 @@ from control_plane.api.app import gc_thresholds
 from control_plane.db.bulk import insert_rows, processors, raw_insert, sqlite_datetime
 from control_plane.db.models import DeviceSample, TelemetrySample
 from control_plane.db.session import make_engine, migrate, session_factory
-from control_plane.ingest import Ingestor
-from control_plane.metrics import FleetMetrics
-from control_plane.rows import (
+from control_plane.ingest.ingestor import Ingestor
+from control_plane.ingest.rows import (
     DEVICE_SAMPLE_COLUMNS,
     PREPARED,
     SAMPLE_COLUMNS,
@@ -30,6 +29,7 @@ from control_plane.rows import (
     telemetry_time,
     unstorable_rows,
 )
+from control_plane.metrics import FleetMetrics
 from control_plane.settings import ControlPlaneSettings
 
 TIMES = [

@@ -22,8 +22,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from control_plane.mqttcodec import MqttError
-from control_plane.mqttwire import Ack, Connection, connect
+from control_plane.mqtt.codec import MqttError
+from control_plane.mqtt.wire import Ack, Connection, connect
 from tests.agent.server import wait_until
 from tests.mqtt_broker import Mosquitto
 from tests.tls import TestCA

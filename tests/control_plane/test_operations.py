@@ -26,8 +26,8 @@ from control_plane.db.session import (
     session_factory,
     sync_url,
 )
-from control_plane.ingest import Ingestor
-from control_plane.maintenance import compact, expired
+from control_plane.ingest.ingestor import Ingestor
+from control_plane.ingest.retention import compact, expired
 from control_plane.metrics import FleetMetrics
 from control_plane.settings import ControlPlaneSettings
 from runtimes.examples.variants import mlp_version

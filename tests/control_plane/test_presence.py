@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from control_plane.ingest.presence import Presence, SilenceRule
 from control_plane.metrics import FleetMetrics
-from control_plane.presence import Presence, SilenceRule
 from tests.access.metrics import value
 from tests.access.mqtt_client import ProbeClient
 from tests.agent.server import wait_until

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agent.protocol.messages import (
+from common.protocol.messages import (
     DesiredState,
     DeviceStatus,
     ModelTelemetry,
@@ -23,7 +23,7 @@ from agent.protocol.messages import (
     UpdateEvent,
     UpdateState,
 )
-from control_plane.rollout_events import REASON_LIMIT
+from control_plane.rollouts.events import REASON_LIMIT
 from runtimes.examples.variants import mlp_version
 from tests.access.mqtt_client import ProbeClient
 from tests.agent.server import wait_until

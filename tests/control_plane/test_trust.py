@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from agent.protocol.signing import (
+from common.protocol.signing import (
     SigningKey,
     TrustRoot,
     apply_trust_update,
@@ -30,7 +30,7 @@ from control_plane.api.deps import Services
 from control_plane.errors import Conflict
 from control_plane.main import build
 from control_plane.settings import ControlPlaneSettings
-from control_plane.trust import TrustManager
+from control_plane.signing.trust import TrustManager
 
 
 @dataclass

@@ -17,9 +17,9 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from agent.protocol.messages import DesiredState, DeviceStatus, Telemetry, UpdateEvent
-from agent.protocol.signing import SigningKey, TrustRoot, sign_envelope
-from agent.protocol.topics import Topics
+from common.protocol.messages import DesiredState, DeviceStatus, Telemetry, UpdateEvent
+from common.protocol.signing import SigningKey, TrustRoot, sign_envelope
+from common.protocol.topics import Topics
 from tests.fleet.artifacts import ArtifactServer
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import tomli_w
 
-from agent.protocol.messages import DeviceStatus
-from agent.protocol.signing import SigningKey
+from common.protocol.messages import DeviceStatus
+from common.protocol.signing import SigningKey
 from runtimes.examples.variants import mlp_version
 from tests.agent.process import AgentProcess, agent_process
 from tests.agent.server import copy_models, wait_until

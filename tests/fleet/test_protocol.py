@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from agent.protocol.errors import ProtocolError, Rejection
-from agent.protocol.schemas import drift
-from agent.protocol.signing import (
+from common.protocol.errors import ProtocolError, Rejection
+from common.protocol.schemas import drift
+from common.protocol.signing import (
     SigningKey,
     apply_trust_update,
     canonical_bytes,
@@ -20,8 +20,8 @@ from agent.protocol.signing import (
     sign_envelope,
     verify_signed,
 )
-from agent.protocol.topics import Topics
-from agent.protocol.verify import DeviceIdentity, verify_command, verify_manifest
+from common.protocol.topics import Topics
+from common.protocol.verify import DeviceIdentity, verify_command, verify_manifest
 from tests.fleet.publisher import new_trust_root
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -242,7 +242,7 @@ def test_topics() -> None:
 
 
 def test_exported_schemas_match_the_code() -> None:
-    """Regenerate with: python -m agent.protocol.schemas docs/schemas"""
+    """Regenerate with: python -m common.protocol.schemas docs/schemas"""
     assert drift(ROOT / "docs/schemas") == []
 
 

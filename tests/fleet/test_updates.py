@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from agent.fleet.updater import RETRY_BASE_S
-from agent.protocol.signing import SigningKey
-from agent.protocol.verify import CLOCK_SKEW
+from common.protocol.signing import SigningKey
+from common.protocol.verify import CLOCK_SKEW
 from runtimes.examples.reference import mlp_forward
 from runtimes.examples.variants import fragile_mlp_version, mlp_version
 from runtimes.examples.weights import mlp_layers

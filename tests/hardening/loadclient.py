@@ -1,5 +1,5 @@
 """A closed-loop HTTP/1.1 load client on raw asyncio streams that records, per answer, the
-status, the latency and whether a Retry-After came with it (agent/bench/loadgen.py counts
+status, the latency and whether a Retry-After came with it (benchmarks/serving/loadgen.py counts
 only totals). Its clients behave: after a 503 they wait the Retry-After the server asked for,
 (with jitter), so what is measured is the server, not a client loop flooded with its own
 retries."""

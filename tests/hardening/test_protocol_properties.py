@@ -1,4 +1,4 @@
-"""Property tests of the wire protocol's parsing and verification (agent/protocol).
+"""Property tests of the wire protocol's parsing and verification (common/protocol).
 
 Whatever arrives (random bytes, random JSON, a signed manifest with any one change, a byte of
 its serialisation flipped), the verifier either accepts exactly what was signed or raises
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from agent.protocol.errors import ProtocolError, Rejection
-from agent.protocol.signing import (
+from common.protocol.errors import ProtocolError, Rejection
+from common.protocol.signing import (
     SigningKey,
     TrustRoot,
     apply_trust_update,
@@ -26,7 +26,7 @@ from agent.protocol.signing import (
     parse_envelope,
     sign_envelope,
 )
-from agent.protocol.verify import DeviceIdentity, verify_command, verify_manifest
+from common.protocol.verify import DeviceIdentity, verify_command, verify_manifest
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 DEVICE = DeviceIdentity("dev-1", "generic-x86_64", {"site": "lab"}, frozenset({"onnx"}))

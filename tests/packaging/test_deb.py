@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import __version__
 from agent.settings import load_settings
+from common import __version__
 from tests.agent.server import copy_models
 from tests.agent.test_systemd import receive_until
 from tests.packaging.conftest import ROOT, Dist
@@ -127,6 +127,8 @@ def test_file_list_owners_and_modes(package: Package) -> None:
     ):
         assert f"{site}/{dependency}" in entries
     assert not [p for p in entries if p.startswith(f"{VENV}/bin/pip")]  # no pip inside
+    assert f"{site}/common/cli.py" in entries
+    assert not [p for p in entries if p.startswith(f"{site}/benchmarks/") or "/bench/" in p]
 
 
 def test_conffiles_and_default_config(package: Package) -> None:
@@ -174,7 +176,7 @@ def test_unpacked_venv_runs_from_a_scratch_directory(package: Package, tmp_path:
         "cli.*.pyc"
     )
     code = marshal.loads(pyc.read_bytes()[16:])
-    assert code.co_filename == f"/{VENV}/lib/python{python_minor()}/site-packages/agent/cli.py"
+    assert code.co_filename == f"/{VENV}/lib/python{python_minor()}/site-packages/common/cli.py"
 
 
 def test_unpacked_agent_starts_as_the_unit_runs_it(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import __version__
+from common import __version__
 from tests.packaging.conftest import ROOT, Dist
 
 pytestmark = pytest.mark.slow
@@ -37,23 +37,46 @@ def test_wheel_carries_the_packages_profiles_and_entry_points(dist: Dist) -> Non
             expected = (ROOT / "hardware_profiles" / name).read_bytes()
             assert whl.read(profiles_dir + name) == expected
         for module in (
+            "common/cli.py",
             "agent/cli.py",
             "agent/systemd.py",
             "runtimes/backends/__init__.py",
             "control_plane/cli.py",
-            "agent/protocol/__init__.py",
+            "common/protocol/__init__.py",
         ):
             assert module in names
         assert not [n for n in names if n.startswith("tests/") or "__pycache__" in n]
         info = f"edgefleet-{__version__}.dist-info"
         entry_points = whl.read(f"{info}/entry_points.txt").decode()
         metadata = Parser().parsestr(whl.read(f"{info}/METADATA").decode())
-    assert "edgefleet = agent.cli:main" in entry_points
+    assert "edgefleet = common.cli:main" in entry_points
     assert "agent = agent.cli:register_agent" in entry_points
     assert metadata["Version"] == __version__
     requires = metadata.get_all("Requires-Dist") or []
     assert any(r.startswith("onnxruntime") for r in requires)
     assert any(r.startswith("openvino") and "extra == 'openvino'" in r for r in requires)
+
+
+def test_wheel_carries_no_benchmark(dist: Dist) -> None:
+    """Benchmarks are for the project, not for devices (benchmarks/, outside the packages)."""
+    with zipfile.ZipFile(dist.wheel) as whl:
+        names = whl.namelist()
+    benchmark_files = [
+        n
+        for n in names
+        if n.startswith("benchmarks/") or "/bench/" in n or Path(n).stem.endswith("bench")
+    ]
+    assert not benchmark_files, f"benchmark code in the wheel: {benchmark_files}"
+    assert "benchmarks/__init__.py" in {
+        p.relative_to(ROOT).as_posix() for p in (ROOT / "benchmarks").glob("*.py")
+    }, "the benchmarks moved: update this test"
+    entry_points = whl_entry_points(dist)
+    assert not [line for line in entry_points.splitlines() if line.startswith("bench")]
+
+
+def whl_entry_points(dist: Dist) -> str:
+    with zipfile.ZipFile(dist.wheel) as whl:
+        return whl.read(f"edgefleet-{__version__}.dist-info/entry_points.txt").decode()
 
 
 def test_sdist_carries_the_sources_profiles_and_docs(dist: Dist) -> None:

@@ -97,7 +97,7 @@ def test_golden_outputs_are_not_degenerate(example_repo: Path) -> None:
 
 
 def test_start_benchmark_measures_cold_and_warm_in_fresh_processes(example_repo: Path) -> None:
-    from runtimes.startbench import measure
+    from benchmarks.startup import measure
 
     (row,) = measure(example_repo, 1, (("openvino", "cnn_ir", "model.xml"),))
     for key in ("load_s", "process_to_first_inference_s"):

@@ -1,7 +1,7 @@
 """devices.telemetry_interval_s: how often a device said it publishes telemetry
 
 The control plane shows a device whose last status is online, but from which nothing has come
-for several of these intervals, as silent rather than online (control_plane.presence).
+for several of these intervals, as silent rather than online (control_plane.ingest.presence).
 
 Revision ID: 0006
 Revises: 0005

@@ -1,1 +1,0 @@
-"""Benchmarks: a lean load generator and side-by-side runs (``python -m agent.bench.serving``)."""

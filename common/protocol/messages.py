@@ -1,0 +1,267 @@
+"""Versioned messages. Each carries ``schema_version``; a receiver refuses other versions.
+
+Manifests travel signed (see :mod:`common.protocol.signing`); status, telemetry and events are
+published by the device under its own topics, which the broker's ACL protects.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Sha256 = str
+
+
+def _require_zones(*stamps: datetime) -> None:
+    # A device compares them with its UTC clock: a naive one would raise TypeError there (and
+    # in the comparison of the two), which is no validation error, instead of a refusal.
+    if any(stamp.utcoffset() is None for stamp in stamps):
+        raise ValueError("issued_at and expires_at need a time zone")
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[1] = 1
+
+
+# -- manifests -------------------------------------------------------------------------------
+
+
+class FileRef(BaseModel):
+    """One file, fetched by digest."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+    """File name inside the version directory (model.onnx, model.xml, model.bin, golden.npz)."""
+    url: str
+    sha256: Sha256 = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+
+
+class ArtifactVariant(BaseModel):
+    """The model files for some hardware profiles (or for any device that can run the format)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: Literal["onnx", "openvino_ir", "tflite"]
+    profiles: list[str] = Field(default_factory=list)
+    """Hardware profiles this variant is for; empty means any device that can run the format."""
+    files: list[FileRef] = Field(min_length=1)
+
+
+class HealthCriteria(BaseModel):
+    """What the new version must show during its health window before it is committed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    window_s: float = Field(default=30.0, ge=0)
+    max_error_rate: float = Field(default=0.01, ge=0, le=1)
+    max_p99_ratio: float = Field(default=1.5, gt=0)
+    """p99 latency of the new version over the previous one's (before the switch)."""
+    min_requests: int = Field(default=20, ge=0)
+    """Below this many requests in the window, error rate and latency are not judged."""
+    self_test: bool = True
+    """Run the golden sample again at the end of the window."""
+
+
+class TargetSelector(BaseModel):
+    """Which devices a manifest is for. Every field given must match."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device_ids: list[str] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+    profiles: list[str] = Field(default_factory=list)
+
+    def matches(self, device_id: str, labels: dict[str, str], profile: str) -> str | None:
+        """None if the device is targeted, else why not."""
+        if self.device_ids and device_id not in self.device_ids:
+            return f"device {device_id} is not among the {len(self.device_ids)} target devices"
+        for key, value in self.labels.items():
+            if labels.get(key) != value:
+                return f"label {key}={value} does not match this device ({key}={labels.get(key)!r})"
+        if self.profiles and profile not in self.profiles:
+            return f"profile {profile} is not among {self.profiles}"
+        return None
+
+
+class ModelManifest(BaseModel):
+    """What the fleet wants a device to serve for one model. Signed; see docs/protocol.md."""
+
+    model_config = ConfigDict(extra="ignore")  # signed bytes, not this model, are what is verified
+
+    schema_version: Literal[1] = 1
+    model: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+    version: int = Field(ge=1)
+    sequence: int = Field(ge=1)
+    """Monotonically increasing per model across the fleet; a device refuses anything not newer
+    than what it last applied (anti-rollback, kept across restarts)."""
+    artifacts: list[ArtifactVariant] = Field(min_length=1)
+    golden: FileRef | None = None
+    """Golden input and expected output (golden.npz) for the self-test."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Serving configuration (the keys of the model's config.toml: batching, instances, ...)."""
+    health: HealthCriteria = Field(default_factory=HealthCriteria)
+    target: TargetSelector = Field(default_factory=TargetSelector)
+    rollout_id: str | None = None
+    issued_at: datetime
+    expires_at: datetime
+
+    @model_validator(mode="after")
+    def _expiry_after_issue(self) -> ModelManifest:
+        _require_zones(self.issued_at, self.expires_at)
+        if self.expires_at <= self.issued_at:
+            raise ValueError("expires_at must be after issued_at")
+        return self
+
+    def variant_for(self, profile: str, can_run: set[str]) -> ArtifactVariant | None:
+        """The variant built for ``profile``, else the first generic one in a runnable format."""
+        for variant in self.artifacts:
+            if profile in variant.profiles:
+                return variant
+        for variant in self.artifacts:
+            if not variant.profiles and variant.format in can_run:
+                return variant
+        return None
+
+
+class DesiredState(_Message):
+    """Retained on a device's desired topic: the signed manifests it should converge to."""
+
+    device_id: str
+    issued_at: datetime
+    manifests: list[dict[str, Any]] = Field(default_factory=list)
+    """Signed envelopes of :class:`ModelManifest`, verified one by one by the device."""
+
+
+class CommandType(StrEnum):
+    ROLLBACK = "rollback"
+
+
+class Command(BaseModel):
+    """Signed like a manifest, sent on a device's commands topic."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    schema_version: Literal[1] = 1
+    command_id: str = Field(min_length=1, max_length=128)
+    device_id: str
+    type: CommandType
+    model: str
+    from_version: int | None = None
+    """Roll back only if the device runs this version (a device that already rolled back
+    locally, or never got there, stays where it is)."""
+    reason: str = ""
+    issued_at: datetime
+    expires_at: datetime
+
+    @model_validator(mode="after")
+    def _zoned(self) -> Command:
+        _require_zones(self.issued_at, self.expires_at)
+        return self
+
+
+# -- device to fleet --------------------------------------------------------------------------
+
+
+class ServedModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    version: int
+    sequence: int | None = None
+    """The manifest sequence this version came from, if the fleet sent it."""
+
+
+class DeviceStatus(_Message):
+    """Retained on the status topic: the birth message when online, the last will when not."""
+
+    device_id: str
+    online: bool
+    agent_version: str | None = None
+    hardware_profile: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    models: list[ServedModel] = Field(default_factory=list)
+    sent_at: datetime | None = None
+    telemetry_interval_s: float | None = Field(default=None, gt=0)
+    """How often the device publishes telemetry: the control plane shows an online device it has
+    not heard from for several of these as silent (its will may never have been published)."""
+
+
+class UpdateState(StrEnum):
+    RECEIVED = "received"
+    REJECTED = "rejected"
+    DOWNLOADING = "downloading"
+    VERIFIED = "verified"
+    STAGED = "staged"
+    ACTIVE = "active"
+    COMMITTED = "committed"
+    ROLLED_BACK = "rolled_back"
+
+
+class UpdateEvent(_Message):
+    device_id: str
+    event_id: str
+    time: datetime
+    model: str
+    version: int | None = None
+    sequence: int | None = None
+    rollout_id: str | None = None
+    state: UpdateState
+    code: str | None = None
+    """Rejection or rollback reason code (see :class:`common.protocol.errors.Rejection`)."""
+    reason: str | None = None
+    progress: float | None = Field(default=None, ge=0, le=1)
+
+
+class ModelTelemetry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    version: int
+    requests: int
+    errors: int
+    rows: int
+    batches: int
+    p50_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+    mean_batch_size: float | None = None
+    queue_depth: int = 0
+
+
+class DeviceTelemetry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cpu_percent: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    temperature_c: float | None = None
+    accelerators: dict[str, float] = Field(default_factory=dict)
+
+
+class Telemetry(_Message):
+    device_id: str
+    seq: int = Field(ge=1)
+    """Per-device counter that survives restarts: gaps show loss, repeats show redelivery."""
+    time: datetime
+    window_s: float
+    models: list[ModelTelemetry] = Field(default_factory=list)
+    device: DeviceTelemetry = Field(default_factory=DeviceTelemetry)
+    dropped: int = 0
+    """Telemetry messages dropped from the offline buffer (bounds reached) since start."""
+
+
+MESSAGE_TYPES: dict[str, type[BaseModel]] = {
+    "model-manifest": ModelManifest,
+    "desired-state": DesiredState,
+    "command": Command,
+    "device-status": DeviceStatus,
+    "update-event": UpdateEvent,
+    "telemetry": Telemetry,
+}

@@ -1,0 +1,3 @@
+"""The control plane's MQTT connection: :mod:`.bus` subscribes to what devices publish and
+publishes desired states, commands and trust roots, over :mod:`.wire`, a lean MQTT 5 client,
+and :mod:`.codec`, its packet encodings. The messages themselves are :mod:`common.protocol`."""

@@ -1,0 +1,251 @@
+"""The control plane's MQTT connection: ingest what devices publish, publish desired states,
+commands and trust roots. Outgoing messages wait here until the broker acknowledges them, so
+a broker restart delays them rather than losing them.
+
+It speaks MQTT 5 through :mod:`control_plane.mqtt.wire`, a lean client written for this
+connection: every device message of the fleet arrives here, and with paho under aiomqtt the
+client library cost more CPU per message than validating and storing it did."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import random
+import ssl
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from common.protocol.messages import DesiredState
+from common.protocol.topics import Topics
+from control_plane.ingest.ingestor import Ack, Ingestor
+from control_plane.mqtt import codec as mqttcodec
+from control_plane.mqtt import wire as mqttwire
+from control_plane.settings import ControlPlaneSettings
+
+log = logging.getLogger("edgefleet.control_plane.mqtt")
+PUBLISH_WINDOW = 100
+"""Outgoing QoS 1 messages awaiting their PUBACK at one time (the broker's Receive Maximum
+may hold them to fewer)."""
+KEEPALIVE_S = 30
+TOPIC_CACHE_SIZE = 60_000
+"""Device topics whose parse is remembered: three per device for 20,000 devices (about 10 MB);
+past that, topics are parsed each time."""
+
+
+class FleetBus:
+    def __init__(self, settings: ControlPlaneSettings, ingestor: Ingestor) -> None:
+        self.settings = settings
+        self.ingestor = ingestor
+        self.topics = Topics(settings.topic_prefix)
+        self.connected = asyncio.Event()
+        self._retained: OrderedDict[str, bytes] = OrderedDict()
+        """Latest payload per retained topic not yet acknowledged (newer replaces older)."""
+        self._commands: list[tuple[str, bytes]] = []
+        self._wake = asyncio.Event()
+        self.published = 0
+        self._conn: mqttwire.Connection | None = None
+        self.on_broker_state_lost: list[Callable[[], Awaitable[object]]] = []
+        """Called when the broker, on a reconnect, kept no session for the control plane: it
+        lost its state (restarted without persistence, or replaced), and with it the retained
+        desired states and trust root, which these publish again."""
+        self._sessions = 0
+        self._resyncs: set[asyncio.Task[None]] = set()
+        self._topics: dict[str, tuple[str, str]] = {}
+        """Device topics parsed already: a dict lookup instead of a split and a regex match
+        for every device message."""
+        # Reading stops while this many device messages wait for the batch writer, and
+        # resumes once a batch brought them under one batch: the broker keeps the rest.
+        self.queue_high = 4 * ingestor.batch_size
+        self.queue_low = ingestor.batch_size
+        ingestor.on_batch_written.append(self._maybe_resume)
+
+    # -- outgoing ---------------------------------------------------------------------------
+
+    def publish_desired(self, device_id: str, manifests: list[dict[str, Any]]) -> None:
+        desired = DesiredState(
+            device_id=device_id, issued_at=datetime.now(UTC), manifests=manifests
+        )
+        self.publish_retained(self.topics.desired(device_id), desired.model_dump_json().encode())
+
+    def publish_retained(self, topic: str, payload: bytes) -> None:
+        self._retained.pop(topic, None)
+        self._retained[topic] = payload
+        self._wake.set()
+
+    def publish_command(self, device_id: str, envelope: dict[str, Any]) -> None:
+        self._commands.append((self.topics.commands(device_id), json.dumps(envelope).encode()))
+        self._wake.set()
+
+    @property
+    def backlog(self) -> int:
+        return len(self._retained) + len(self._commands)
+
+    async def _send(self, conn: mqttwire.Connection) -> None:
+        while True:
+            self._wake.clear()
+            # Up to PUBLISH_WINDOW messages in flight at once: one acknowledgement round trip
+            # per message would put a floor of N round trips under a rollout to N devices.
+            while self._retained:
+                window = list(itertools.islice(self._retained.items(), PUBLISH_WINDOW))
+                await asyncio.gather(*(conn.publish(t, p, qos=1, retain=True) for t, p in window))
+                for topic, payload in window:
+                    if self._retained.get(topic) is payload:  # not replaced meanwhile
+                        del self._retained[topic]
+                self.published += len(window)
+            while self._commands:
+                batch = self._commands[:PUBLISH_WINDOW]
+                await asyncio.gather(*(conn.publish(t, p, qos=1) for t, p in batch))
+                del self._commands[: len(batch)]
+                self.published += len(batch)
+            if not self._retained and not self._commands:
+                await self._wake.wait()
+
+    # -- session ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                conn = await self._connect()
+                try:
+                    delay = 0.2
+                    await self._session(conn)
+                finally:
+                    self.connected.clear()
+                    self._listening(None)
+                    await conn.aclose()
+            except (mqttcodec.MqttError, OSError) as exc:
+                log.warning(
+                    "broker connection lost",
+                    extra={"error": str(exc), "retry_in_s": round(delay, 2)},
+                )
+            await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+            delay = min(10.0, delay * 2)
+
+    async def _connect(self) -> mqttwire.Connection:
+        s = self.settings
+        url = urlsplit(s.mqtt_url)
+        tls = url.scheme == "mqtts"
+        context = None
+        if tls:
+            context = ssl.create_default_context(
+                cafile=str(s.mqtt_tls_ca_file) if s.mqtt_tls_ca_file else None
+            )
+            if s.mqtt_tls_cert_file and s.mqtt_tls_key_file:  # mutual TLS
+                context.load_cert_chain(str(s.mqtt_tls_cert_file), str(s.mqtt_tls_key_file))
+        return await mqttwire.connect(
+            url.hostname or "127.0.0.1",
+            url.port or (8883 if tls else 1883),
+            s.mqtt_client_id,
+            self._on_message,
+            username=s.mqtt_username,
+            password=s.mqtt_password.get_secret_value() if s.mqtt_password else None,
+            ssl=context,
+            server_hostname=url.hostname,
+            keepalive_s=KEEPALIVE_S,
+            clean_start=False,
+            session_expiry_s=s.mqtt_session_expiry_s,
+            # Device messages are acknowledged once stored, not on receipt (a control plane
+            # killed with a batch in memory gets it again): this many may await their
+            # acknowledgement at once, and the ingest batch is written when it holds them.
+            receive_maximum=s.mqtt_broker_inflight,
+            on_reused_id=self.ingestor.metrics.reused_packet_ids.inc,
+        )
+
+    async def _session(self, conn: mqttwire.Connection) -> None:
+        share = (
+            f"$share/{self.settings.mqtt_shared_group}/" if self.settings.mqtt_shared_group else ""
+        )
+        await conn.subscribe(
+            [
+                (share + self.topics.all_devices(leaf), 1)
+                for leaf in ("status", "telemetry", "events")
+            ]
+        )
+        self._conn = conn
+        self.ingestor.metrics.reading_paused.set(0)  # a new connection reads
+        self._listening(datetime.now(UTC))
+        self.connected.set()
+        log.info("connected to the broker", extra={"session_present": conn.session_present})
+        self._sessions += 1
+        # The first session of this process follows the start-up, which published both.
+        if not conn.session_present and self._sessions > 1 and self.on_broker_state_lost:
+            log.warning("the broker kept no session: publishing the retained state again")
+            task = asyncio.create_task(self._resync(), name="mqtt-resync")
+            self._resyncs.add(task)
+            task.add_done_callback(self._resyncs.discard)
+        sender = asyncio.create_task(self._send(conn), name="mqtt-send")
+        try:
+            await asyncio.wait([sender, conn.closed], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+        if sender.done() and not sender.cancelled() and (error := sender.exception()):
+            raise error  # a publish failed (MqttError: reconnect) or a bug (not hidden)
+        raise mqttcodec.MqttError(conn.close_reason or "connection closed")
+
+    async def _resync(self) -> None:
+        for callback in self.on_broker_state_lost:
+            try:
+                await callback()
+            except Exception:  # one that fails (the database away) must not stop the others
+                log.exception("retained state not published again after a broker reset")
+
+    def _listening(self, since: datetime | None) -> None:
+        """Device silence is counted from when the broker session began
+        (:mod:`control_plane.ingest.presence`)."""
+        self.ingestor.metrics.listening_since = since
+
+    def _maybe_resume(self) -> None:
+        conn = self._conn
+        if conn is not None and conn.reading_paused and self.ingestor.queued <= self.queue_low:
+            conn.resume_reading()
+            self.ingestor.metrics.reading_paused.set(0)
+
+    def _on_message(self, topic: str, payload: bytes, ack: Ack | None) -> None:
+        """One device message, as the connection reads it (synchronously: what the ingestor
+        queues waits for its batch; the broker's Receive Maximum bounds how many, and reading
+        pauses past ``queue_high`` whatever the broker does)."""
+        ingestor = self.ingestor
+        conn = self._conn
+        if ingestor.queued >= self.queue_high and conn is not None and not conn.reading_paused:
+            conn.pause_reading()
+            ingestor.metrics.read_pauses.inc()
+            ingestor.metrics.reading_paused.set(1)
+        parsed = self._topics.get(topic)
+        if parsed is None and (parsed := self.topics.parse(topic)) is not None:
+            if len(self._topics) < TOPIC_CACHE_SIZE:
+                self._topics[topic] = parsed
+        if parsed is None:
+            ingestor.reject("unknown", "wrong_topic", topic[:200], "no device topic")
+            if ack:
+                ack()
+            return
+        device_id, leaf = parsed
+        limit = self.settings.mqtt_max_message_bytes
+        if len(payload) > limit:
+            ingestor.reject(leaf, "oversize", device_id, f"{len(payload)} bytes exceed {limit}")
+            if ack:
+                ack()
+            return
+        try:
+            if leaf == "telemetry":
+                ingestor.telemetry(device_id, payload, ack)
+            elif leaf == "status":
+                ingestor.status(device_id, payload, ack)
+            elif leaf == "events":
+                ingestor.event(device_id, payload, ack)
+            elif ack:
+                ack()
+        except Exception:
+            # The last line of defence: one message that trips a bug must not stop ingest
+            # for the whole fleet (nor close the connection it came by).
+            log.exception("device message not handled", extra={"device_id": device_id})
+            ingestor.metrics.rejected(leaf, "internal_error")
+            if ack:
+                ack()

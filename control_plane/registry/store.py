@@ -1,0 +1,227 @@
+"""The model registry: models, immutable versions, artifacts stored by digest, stages.
+
+Uploads stream to disk while hashed and counted, and are renamed into place only when whole;
+a version's files are served to devices at ``/artifacts/sha256/<digest>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import selectinload
+
+from common.model_config import ModelConfig
+from common.protocol.messages import HealthCriteria
+from control_plane.db.models import Artifact, Model, ModelVersion
+from control_plane.errors import Conflict, Invalid, NotFound, TooLarge
+from runtimes.errors import RuntimeFailure, validation_message
+from runtimes.formats import ModelFormat, find_model_file
+
+STAGES = ("candidate", "production", "retired")
+_FILE_SUFFIX = {"onnx": (".onnx",), "tflite": (".tflite",), "openvino_ir": (".xml", ".bin")}
+
+
+class ArtifactStore:
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        # absolute: the links materialise makes must not be read relative to where they lie
+        self.root = root.absolute()
+        self.max_bytes = max_bytes
+        (root / ".incoming").mkdir(parents=True, exist_ok=True)
+
+    def path(self, sha256: str) -> Path:
+        return self.root / sha256[:2] / sha256
+
+    async def put(self, chunks: AsyncIterator[bytes]) -> tuple[str, int]:
+        """Store a stream; return (sha256, size). Refused past ``max_bytes``."""
+        digest, size = hashlib.sha256(), 0
+        fd, scratch = tempfile.mkstemp(dir=self.root / ".incoming")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                async for chunk in chunks:
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        raise TooLarge(f"upload is over the limit of {self.max_bytes} bytes")
+                    digest.update(chunk)
+                    fh.write(chunk)
+                fh.flush()
+                os.fsync(fh.fileno())
+            sha = digest.hexdigest()
+            target = self.path(sha)
+            target.parent.mkdir(exist_ok=True)
+            os.replace(scratch, target)  # same content, same name: idempotent
+            return sha, size
+        except BaseException:
+            Path(scratch).unlink(missing_ok=True)
+            raise
+
+    def materialise(self, files: list[dict[str, Any]], directory: Path) -> Path:
+        """Link a variant's files under their own names into ``directory`` (IR needs its .bin
+        beside its .xml); return the directory."""
+        for f in files:
+            os.symlink(self.path(f["sha256"]), directory / f["name"])
+        return directory
+
+
+async def get_model(session: AsyncSession, name: str) -> Model:
+    model = (await session.execute(select(Model).where(Model.name == name))).scalar_one_or_none()
+    if model is None:
+        raise NotFound(f"no model {name!r}")
+    return model
+
+
+async def get_version(session: AsyncSession, name: str, version: int) -> ModelVersion:
+    row = await session.execute(
+        select(ModelVersion)
+        .join(Model)
+        .where(Model.name == name, ModelVersion.version == version)
+        .options(selectinload(ModelVersion.model))
+    )
+    mv = row.scalar_one_or_none()
+    if mv is None:
+        raise NotFound(f"model {name!r} has no version {version}")
+    return mv
+
+
+async def ensure_model(session: AsyncSession, name: str, description: str = "") -> Model:
+    model = (await session.execute(select(Model).where(Model.name == name))).scalar_one_or_none()
+    if model is None:
+        model = Model(
+            name=name, description=description, next_sequence=1, created_at=datetime.now(UTC)
+        )
+        session.add(model)
+        await session.flush()
+    return model
+
+
+async def create_version(
+    session: AsyncSession,
+    name: str,
+    version: int,
+    *,
+    variants: list[dict[str, Any]],
+    config: dict[str, Any],
+    health: dict[str, Any],
+    user: str,
+) -> ModelVersion:
+    try:
+        ModelConfig.model_validate(config)
+    except ValidationError as exc:
+        raise Invalid(f"config: {validation_message(exc)}") from None
+    try:
+        HealthCriteria.model_validate(health)
+    except ValidationError as exc:
+        raise Invalid(f"health: {validation_message(exc)}") from None
+    clean = []
+    for i, v in enumerate(variants):
+        fmt = v.get("format")
+        if fmt not in _FILE_SUFFIX:
+            raise Invalid(f"variants[{i}].format: {fmt!r} is not one of {sorted(_FILE_SUFFIX)}")
+        profiles = v.get("profiles", [])
+        if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
+            raise Invalid(f"variants[{i}].profiles: must be a list of profile names")
+        clean.append({"format": fmt, "profiles": profiles, "files": [], "signature": None})
+    if not clean:
+        raise Invalid("variants: a version needs at least one variant")
+    model = await ensure_model(session, name)
+    existing = await session.execute(
+        select(ModelVersion.id).where(
+            ModelVersion.model_id == model.id, ModelVersion.version == version
+        )
+    )
+    if existing.first() is not None:
+        raise Conflict(f"model {name!r} already has version {version}; versions are immutable")
+    mv = ModelVersion(
+        model_id=model.id,
+        version=version,
+        config=config,
+        health=health,
+        variants=clean,
+        uploaded_by=user,
+        created_at=datetime.now(UTC),
+        stage="candidate",
+    )
+    session.add(mv)
+    await session.flush()
+    return mv
+
+
+def check_file_name(fmt: str, filename: str) -> None:
+    if "/" in filename or filename.startswith(".") or not filename:
+        raise Invalid(f"file name {filename!r} is not allowed")
+    if not filename.endswith(_FILE_SUFFIX[fmt]):
+        raise Invalid(
+            f"a {fmt} variant holds {' and '.join(_FILE_SUFFIX[fmt])} files, not {filename!r}"
+        )
+
+
+def variant_complete(variant: dict[str, Any]) -> bool:
+    names = [f["name"] for f in variant["files"]]
+    return all(any(n.endswith(sfx) for n in names) for sfx in _FILE_SUFFIX[variant["format"]])
+
+
+async def record_artifact(session: AsyncSession, sha: str, size: int) -> None:
+    if await session.get(Artifact, sha) is None:
+        session.add(Artifact(sha256=sha, size=size, created_at=datetime.now(UTC)))
+
+
+def read_signature(store: ArtifactStore, variant: dict[str, Any]) -> dict[str, Any]:
+    """Load the variant with the project's runtimes (blocking) and return its signature."""
+    from runtimes.backends import BACKENDS, open_model
+    from runtimes.base import Placement
+
+    fmt = ModelFormat(variant["format"])
+    runtime = next(
+        name for name, cls in BACKENDS.items() if fmt in cls.formats and _installed(name)
+    )
+    with tempfile.TemporaryDirectory() as scratch:
+        model_file, _ = find_model_file(store.materialise(variant["files"], Path(scratch)))
+        providers = ("CPUExecutionProvider",) if runtime == "onnxruntime" else ()
+        try:
+            loaded = open_model(model_file, Placement(runtime=runtime, providers=providers))
+        except RuntimeFailure as exc:
+            raise Invalid(f"the {fmt.value} file does not load: {exc}") from exc
+        try:
+            return loaded.signature.model_dump(mode="json")
+        finally:
+            loaded.close()
+
+
+def _installed(runtime: str) -> bool:
+    from runtimes.inventory import probe_runtimes
+
+    return probe_runtimes().get(runtime).installed
+
+
+async def add_file(
+    session: AsyncSession,
+    store: ArtifactStore,
+    mv: ModelVersion,
+    index: int,
+    filename: str,
+    sha: str,
+    size: int,
+) -> dict[str, Any]:
+    if not 0 <= index < len(mv.variants):
+        raise NotFound(f"version {mv.version} has no variant {index}")
+    variants = [dict(v) for v in mv.variants]
+    variant = variants[index]
+    check_file_name(variant["format"], filename)
+    variant["files"] = [f for f in variant["files"] if f["name"] != filename] + [
+        {"name": filename, "sha256": sha, "size": size}
+    ]
+    await record_artifact(session, sha, size)
+    if variant_complete(variant):
+        variant["signature"] = await asyncio.to_thread(read_signature, store, variant)
+    mv.variants = variants
+    mv.validation = None  # the files changed: validate again
+    return variant

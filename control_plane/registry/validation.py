@@ -1,0 +1,158 @@
+"""Validation of a model version before it may be rolled out (blocking; run in a thread).
+
+A version passes when every variant loads on every runtime here that reads its format, its
+golden sample matches on each, all (variant, runtime) pairs give the same answers within
+tolerance, and, when a labelled validation set was uploaded, its accuracy is not more than
+``margin`` below the production version's.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import zipfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from control_plane.registry.store import ArtifactStore
+from runtimes.backends import BACKENDS, open_model
+from runtimes.base import Placement, Runtime
+from runtimes.datatypes import numpy_dtype
+from runtimes.errors import ModelFileError, RuntimeFailure
+from runtimes.formats import find_model_file
+from runtimes.golden import GoldenSample
+from runtimes.inventory import probe_runtimes
+
+
+def _placement(runtime: str) -> Placement:
+    providers = ("CPUExecutionProvider",) if runtime == "onnxruntime" else ()
+    return Placement(runtime=runtime, providers=providers)  # type: ignore[arg-type]
+
+
+def _probe_inputs(runtime: Runtime) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    inputs = {}
+    for spec in runtime.signature.inputs:
+        shape = [2 if d < 0 else d for d in spec.shape]
+        inputs[spec.name] = rng.standard_normal(shape).astype(numpy_dtype(spec.datatype))
+    return inputs
+
+
+def validate(
+    store: ArtifactStore,
+    variants: list[dict[str, Any]],
+    golden: dict[str, Any] | None,
+    validation_data: dict[str, Any] | None,
+    production_accuracy: float | None,
+    *,
+    rtol: float,
+    atol: float,
+    margin: float,
+) -> dict[str, Any]:
+    checks: list[dict[str, Any]] = []
+
+    def check(name: str, passed: bool, detail: str = "") -> None:
+        checks.append({"check": name, "passed": passed, "detail": detail})
+
+    inventory = probe_runtimes()
+    golden_sample = None
+    if golden:
+        try:
+            golden_sample = GoldenSample.load(store.path(golden["sha256"]))
+        except ModelFileError as exc:  # an upload is anything its uploader sent
+            check("golden sample is readable", False, str(exc))
+    outputs: list[tuple[str, dict[str, np.ndarray]]] = []
+    first: Runtime | None = None
+    probe: dict[str, np.ndarray] | None = golden_sample.inputs if golden_sample else None
+    with tempfile.TemporaryDirectory() as scratch:
+        for i, variant in enumerate(variants):
+            if not variant["files"]:
+                check(f"variant {i} ({variant['format']}) has files", False, "no files uploaded")
+                continue
+            directory = Path(scratch) / str(i)
+            directory.mkdir()
+            try:
+                model_file, fmt = find_model_file(store.materialise(variant["files"], directory))
+            except RuntimeFailure as exc:
+                check(f"variant {i} ({variant['format']}) has a model file", False, str(exc))
+                continue
+            runtimes = [n for n, cls in BACKENDS.items() if fmt in cls.formats]
+            for runtime_name in runtimes:
+                label = f"variant {i} ({fmt.value}) on {runtime_name}"
+                if not inventory.get(runtime_name).installed:
+                    check(
+                        f"{label} loads",
+                        False,
+                        f"{runtime_name} is not installed on the control plane",
+                    )
+                    continue
+                try:
+                    runtime = open_model(model_file, _placement(runtime_name))
+                except RuntimeFailure as exc:
+                    check(f"{label} loads", False, str(exc))
+                    continue
+                check(f"{label} loads", True)
+                if probe is None:
+                    probe = _probe_inputs(runtime)
+                try:
+                    out = runtime.infer(probe)
+                except RuntimeFailure as exc:
+                    check(f"{label} runs", False, str(exc))
+                    runtime.close()
+                    continue
+                if golden_sample is not None:
+                    problems = golden_sample.mismatches(out)
+                    check(f"{label} passes its golden self-test", not problems, "; ".join(problems))
+                outputs.append((label, out))
+                if first is None:
+                    first = runtime
+                else:
+                    runtime.close()
+        for label, out in outputs[1:]:
+            ref_label, ref = outputs[0]
+            worst = max(
+                float(np.max(np.abs(out[k].astype(np.float64) - ref[k]))) for k in ref if k in out
+            )
+            agree = all(k in out and np.allclose(out[k], ref[k], rtol=rtol, atol=atol) for k in ref)
+            check(f"{label} agrees with {ref_label}", agree, f"largest difference {worst:.3g}")
+        accuracy = None
+        if validation_data is not None and first is not None:
+            try:
+                accuracy = _accuracy(first, store.path(validation_data["sha256"]))
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+                check("validation set is readable", False, str(exc))
+            except RuntimeFailure as exc:
+                check("validation set runs", False, str(exc))
+        if accuracy is not None:
+            if production_accuracy is not None:
+                ok = accuracy >= production_accuracy - margin
+                check(
+                    "accuracy against production",
+                    ok,
+                    f"{accuracy:.4f} vs production {production_accuracy:.4f} (margin {margin})",
+                )
+            else:
+                check(
+                    "accuracy recorded", True, f"{accuracy:.4f} (no production version to compare)"
+                )
+        if first is not None:
+            first.close()
+    if not outputs:
+        check("at least one variant runs", False, "nothing could be run")
+    return {
+        "passed": all(c["passed"] for c in checks),
+        "checks": checks,
+        "accuracy": accuracy,
+        "validated_at": datetime.now(UTC).isoformat(),
+    }
+
+
+def _accuracy(runtime: Runtime, path: Path) -> float:
+    """Share of rows whose arg-max output equals the label (npz: ``input:<name>``, ``labels``)."""
+    with np.load(path, allow_pickle=False) as data:
+        inputs = {k[6:]: data[k] for k in data.files if k.startswith("input:")}
+        labels = data["labels"]
+    out = next(iter(runtime.infer(inputs).values()))
+    return float(np.mean(np.argmax(out.reshape(len(labels), -1), axis=1) == labels))

@@ -1,0 +1,506 @@
+"""Staged rollouts: waves, bake times, health gates, fleet-wide rollback.
+
+    running --(every wave passed its gates)--> succeeded
+       |  ^
+     pause resume         a gate fails, or abort
+       v  |                      |
+     paused                      v
+                           rolling_back --(every touched device back)--> rolled_back
+    (cancel: stop where it is, no rollback)  -> cancelled
+
+All state lives in the database, so a restarted control plane picks every rollout up where it
+was. Device events move device states at once; a periodic tick handles timers (device
+timeouts, bake times). One lock serialises every transition.
+
+Rolling back: a device that committed the new version gets a signed rollback command that
+only acts if it still runs that version (it keeps the previous version on disk); a device
+still in progress gets the command when its commit is reported; every touched device's
+desired state goes back to what it was before the rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import selectinload
+
+from common.protocol.messages import UpdateEvent
+from control_plane.db.models import Device, Rollout, RolloutDevice
+from control_plane.db.session import required_utc
+from control_plane.errors import Conflict, NotFound
+from control_plane.metrics import FleetMetrics
+from control_plane.mqtt.bus import FleetBus
+from control_plane.rollouts.events import CHUNK, NEVER_REPORTED, apply_events, moves_rollout
+from control_plane.rollouts.gates import telemetry_gates
+from control_plane.rollouts.plan import ACTIVE, plan_rollout
+from control_plane.rollouts.spec import Gates, RolloutSpec
+from control_plane.signing.keys import KeyRing
+
+log = logging.getLogger("edgefleet.control_plane.rollouts")
+
+DEVICE_DONE = ("committed", "rejected", "rolled_back", "timed_out")
+
+
+class RolloutEngine:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        bus: FleetBus,
+        keys: KeyRing,
+        metrics: FleetMetrics,
+        *,
+        manifest_ttl_s: float,
+        artifact_base_url: str,
+        tick_s: float,
+    ) -> None:
+        self.sessions = sessions
+        self.bus = bus
+        self.keys = keys
+        self.metrics = metrics
+        self.manifest_ttl_s = manifest_ttl_s
+        self.artifact_base_url = artifact_base_url
+        self.tick_s = tick_s
+        self._lock = asyncio.Lock()
+        self._dirty: set[int] = set()
+        """Rollouts that device events moved since their last step."""
+        self._wake = asyncio.Event()
+        self._rolling_back: set[int] = set()
+        """Rollouts rolling back, as their last step saw (births matter only while any is)."""
+        self._births: set[str] = set()
+        """Devices that announced themselves since the loop last looked (:meth:`on_births`)."""
+        self._resend: dict[int, set[str]] = {}
+        """Per rollout, the devices whose rollback command its next step sends again."""
+        self._held: list[Callable[[], None]] = []
+        """What the step in progress publishes, sent once its transaction committed."""
+
+    # -- operator actions -------------------------------------------------------------------
+
+    async def create(self, spec: RolloutSpec, user: str) -> int:
+        async with self._lock, self.sessions.begin() as session:
+            rollout_id = await plan_rollout(
+                session,
+                spec,
+                user,
+                artifact_base_url=self.artifact_base_url,
+                manifest_ttl_s=self.manifest_ttl_s,
+            )
+        await self.step(rollout_id)
+        return rollout_id
+
+    async def pause(self, rollout_id: int) -> None:
+        await self._transition(rollout_id, {"running"}, "paused")
+
+    async def resume(self, rollout_id: int) -> None:
+        await self._transition(rollout_id, {"paused"}, "running")
+        await self.step(rollout_id)
+
+    async def cancel(self, rollout_id: int, user: str) -> None:
+        await self._transition(
+            rollout_id, {"running", "paused"}, "cancelled", f"cancelled by {user}"
+        )
+
+    async def abort(self, rollout_id: int, user: str) -> None:
+        await self._transition(
+            rollout_id, {"running", "paused"}, "rolling_back", f"aborted by {user}"
+        )
+        await self.step(rollout_id)
+
+    async def _transition(
+        self, rollout_id: int, allowed: set[str], to: str, reason: str = ""
+    ) -> None:
+        async with self._lock, self.sessions.begin() as session:
+            rollout = await session.get(Rollout, rollout_id)
+            if rollout is None:
+                raise NotFound(f"no rollout {rollout_id}")
+            if rollout.state not in allowed:
+                raise Conflict(f"rollout {rollout_id} is {rollout.state}; cannot go to {to}")
+            rollout.state = to
+            rollout.reason = reason or rollout.reason
+            rollout.updated_at = datetime.now(UTC)
+        log.info("rollout state", extra={"rollout": rollout_id, "state": to, "reason": reason})
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def republish_desired(self) -> None:
+        """Publish every device's desired state again (retained): at start, and when the broker
+        lost what it retained."""
+        async with self.sessions() as session:
+            devices = (await session.execute(select(Device))).scalars().all()
+        for device in devices:  # (JSON has no equality operator in PostgreSQL: filter here)
+            if device.desired:
+                self.bus.publish_desired(device.id, list(device.desired.values()))
+
+    def on_births(self, device_ids: list[str]) -> None:
+        """Devices said they are online (a birth message, at every connect). One that a rollback
+        still waits for gets its command again, now that it is subscribed: the first may be
+        lost, with the broker's state (queued for it there, or published before its session
+        existed on a new broker: every device reconnects after a broker reset, and its retained
+        birth reaches the control plane again) or in the device's crash (a device records a
+        command only once it ran). A device that gets it twice rejects the second
+        (``nothing_to_roll_back``), which leaves its row as the first answer put it. The
+        rollback's device timeout still counts from the first send."""
+        if self._rolling_back:
+            self._births.update(device_ids)
+            self._wake.set()
+
+    async def _resend_on_births(self, births: set[str]) -> None:
+        ids = sorted(births)
+        for start in range(0, len(ids), CHUNK):
+            async with self.sessions() as session:
+                rows = await session.execute(
+                    select(RolloutDevice.rollout_id, RolloutDevice.device_id).where(
+                        RolloutDevice.rollout_id.in_(self._rolling_back),
+                        RolloutDevice.state == "reverting",
+                        RolloutDevice.sent_at.is_not(None),
+                        RolloutDevice.device_id.in_(ids[start : start + CHUNK]),
+                    )
+                )
+                for rollout_id, device_id in rows:
+                    self._resend.setdefault(rollout_id, set()).add(device_id)
+                    self._dirty.add(rollout_id)
+
+    async def run(self) -> None:
+        """Republish what devices should run, then advance active rollouts on every tick."""
+        await self.republish_desired()
+        next_tick = time.monotonic()
+        while True:
+            self._wake.clear()
+            births, self._births = self._births, set()
+            try:
+                if births and self._rolling_back:
+                    await self._resend_on_births(births)
+            except Exception:
+                self._births |= births  # the database away: looked at again next time
+                log.exception("rollback commands not sent again")
+            dirty, self._dirty = self._dirty, set()
+            try:
+                if time.monotonic() >= next_tick:  # timers: bake times and device timeouts
+                    next_tick = time.monotonic() + self.tick_s
+                    await self._tick()
+                else:
+                    for rollout_id in sorted(dirty):
+                        await self._step_logged(rollout_id)
+            except Exception:
+                # the database restarting must not end the loop: the next tick tries again
+                log.exception("rollout tick failed")
+            # a step reads the whole rollout: at most two a tick, whatever the event rate
+            await asyncio.sleep(min(self.tick_s / 2, max(0.0, next_tick - time.monotonic())))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, next_tick - time.monotonic())):
+                    await self._wake.wait()
+
+    async def _step_logged(self, rollout_id: int) -> None:
+        try:
+            await self.step(rollout_id)
+        except Exception:
+            log.exception("rollout step failed", extra={"rollout": rollout_id})
+
+    async def _tick(self) -> None:
+        async with self.sessions() as session:
+            ids = (
+                (await session.execute(select(Rollout.id).where(Rollout.state.in_(ACTIVE))))
+                .scalars()
+                .all()
+            )
+        for rollout_id in ids:
+            await self._step_logged(rollout_id)
+        await self._count_states()
+
+    async def _count_states(self) -> None:
+        async with self.sessions() as session:
+            rows = (
+                await session.execute(select(Rollout.state, func.count()).group_by(Rollout.state))
+            ).all()
+        self.metrics.rollout_states = {state: n for state, n in rows}
+
+    async def on_device_online(self, device_id: str) -> None:
+        """A device came back: make sure it has its desired state (retried until timeout)."""
+        async with self.sessions() as session:
+            device = await session.get(Device, device_id)
+        if device is not None and device.desired:
+            self.bus.publish_desired(device.id, list(device.desired.values()))
+
+    async def on_events(self, events: list[UpdateEvent]) -> None:
+        events = [e for e in events if moves_rollout(e)]
+        if not events:
+            return
+        async with self._lock, self.sessions.begin() as session:
+            touched = await apply_events(session, events)
+        # The rollout loop steps them, once for all the events that arrive meanwhile: a step
+        # reads the whole rollout, and one per ingest batch held ingest up behind it.
+        if touched:
+            self._dirty |= touched
+            self._wake.set()
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[AsyncSession]:
+        """A step's transaction (under the lock). What it publishes (desired states, rollback
+        commands) goes out only once it committed: published first, a device could act on a
+        manifest the database, after a failed commit or a crash, says was never sent, and a
+        rollback would then skip it and restore nothing. A step that fails publishes nothing
+        and is tried again whole."""
+        self._held = []
+        try:
+            async with self.sessions.begin() as session:
+                yield session
+            for publish in self._held:
+                publish()
+        finally:
+            self._held = []
+
+    async def step(self, rollout_id: int) -> None:
+        async with self._lock, self._transaction() as session:
+            rollout = (
+                await session.execute(
+                    select(Rollout)
+                    .where(Rollout.id == rollout_id)
+                    .options(selectinload(Rollout.devices))
+                )
+            ).scalar_one_or_none()
+            if rollout is None or rollout.state not in ACTIVE:
+                return
+            now = datetime.now(UTC)
+            await self._reconcile(session, rollout, now)
+            if rollout.state == "running":
+                await self._run_waves(session, rollout, now)
+            if rollout.state == "rolling_back":
+                await self._roll_back(session, rollout, now)
+            rollout.updated_at = now
+
+    async def _reconcile(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
+        """Read device states from what devices last said they serve (their retained status),
+        so an event lost while the control plane was down cannot leave a device hanging."""
+        waiting = [d for d in rollout.devices if d.state in ("sent", "reverting")]
+        if not waiting:
+            return
+        # Only the column read here: whole Device rows would decode every desired state too,
+        # on every step of a rollout over thousands of devices.
+        ids = [w.device_id for w in waiting]
+        reported: dict[str, list[Any]] = {}
+        for start in range(0, len(ids), CHUNK):  # a bound parameter per id: PostgreSQL takes 65,535
+            rows = await session.execute(
+                select(Device.id, Device.models).where(Device.id.in_(ids[start : start + CHUNK]))
+            )
+            reported |= {device_id: models for device_id, models in rows}
+        for rd in waiting:
+            models = reported.get(rd.device_id)
+            if models is None:
+                continue
+            served = {(m["model"], m["version"]): m.get("sequence") for m in models}
+            if (
+                rd.state == "sent"
+                and served.get((rollout.model, rollout.version)) == rollout.sequence
+            ):
+                rd.state, rd.reason, rd.updated_at = "committed", "seen in the device's status", now
+            elif (
+                rd.state == "reverting"
+                and (rollout.model, rollout.version) not in served
+                and (rd.previous_version is None or (rollout.model, rd.previous_version) in served)
+            ):
+                rd.state, rd.reason, rd.updated_at = "reverted", "seen in the device's status", now
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def _run_waves(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
+        gates = Gates.model_validate(rollout.gates)
+        wave_devices = [d for d in rollout.devices if d.wave == rollout.current_wave]
+        if rollout.wave_started_at is None:
+            loaded = await _load_devices(session, [rd.device_id for rd in wave_devices])
+            for rd in wave_devices:
+                await self._send(session, rollout, rd, now)
+            del loaded
+            rollout.wave_started_at = now
+            log.info(
+                "wave started",
+                extra={
+                    "rollout": rollout.id,
+                    "wave": rollout.current_wave,
+                    "devices": len(wave_devices),
+                },
+            )
+        for rd in wave_devices:
+            if (
+                rd.state == "sent"
+                and required_utc(rd.sent_at) + timedelta(seconds=rollout.device_timeout_s) < now
+            ):
+                rd.state, rd.reason, rd.updated_at = (
+                    "timed_out",
+                    "no answer within device_timeout_s",
+                    now,
+                )
+        touched = [d for d in rollout.devices if d.wave <= rollout.current_wave]
+        failed = [d for d in touched if d.state in ("rejected", "rolled_back")]
+        self_test = [d for d in failed if "self_test_failed" in d.reason]
+        if gates.self_test and self_test:
+            return self._fail(
+                rollout, f"self-test failed on {self_test[0].device_id}: {self_test[0].reason}"
+            )
+        if len(failed) > gates.max_rejections:
+            return self._fail(
+                rollout,
+                f"{len(failed)} device(s) refused or rolled back the update "
+                f"(allowed {gates.max_rejections}); "
+                f"first: {failed[0].device_id}: {failed[0].reason}",
+            )
+        if any(d.state not in DEVICE_DONE for d in wave_devices):
+            return None
+        if wave_devices and not any(d.state == "committed" for d in wave_devices):
+            # No evidence the version works anywhere (every device timed out, or refused within
+            # max_rejections): going on would roll it out wider blind. A dead artifact URL or a
+            # broker that refuses the devices' topics looks exactly like this.
+            timed_out = sum(d.state == "timed_out" for d in wave_devices)
+            return self._fail(
+                rollout,
+                f"no device of wave {rollout.current_wave + 1} committed the update "
+                f"({timed_out} timed out, {len(wave_devices) - timed_out} refused it)",
+            )
+        if rollout.bake_started_at is None:
+            rollout.bake_started_at = now
+        verdict, report = await telemetry_gates(session, rollout, gates, touched, now)
+        rollout.gate_report = {**rollout.gate_report, str(rollout.current_wave): report}
+        if verdict:
+            return self._fail(rollout, verdict)
+        if required_utc(rollout.bake_started_at) + timedelta(seconds=rollout.bake_time_s) > now:
+            return None  # still baking
+        if rollout.current_wave + 1 >= len(rollout.waves) or not [
+            d for d in rollout.devices if d.wave > rollout.current_wave
+        ]:
+            rollout.state, rollout.reason = (
+                "succeeded",
+                f"all {len(rollout.waves)} waves passed their gates",
+            )
+            log.info("rollout succeeded", extra={"rollout": rollout.id})
+            return None
+        rollout.current_wave += 1
+        rollout.wave_started_at = rollout.bake_started_at = None
+        await self._run_waves(session, rollout, now)
+        return None
+
+    def _fail(self, rollout: Rollout, reason: str) -> None:
+        rollout.state, rollout.reason = "rolling_back", reason
+        log.warning(
+            "rollout gate failed: rolling back", extra={"rollout": rollout.id, "reason": reason}
+        )
+
+    async def _send(
+        self, session: AsyncSession, rollout: Rollout, rd: RolloutDevice, now: datetime
+    ) -> None:
+        device = await session.get(Device, rd.device_id)
+        if device is None:
+            rd.state, rd.reason = "timed_out", "device no longer in the inventory"
+            return
+        # dated now, not at the rollout's creation: a wave started or resumed weeks later
+        # must not send a manifest past its expiry
+        dated = {
+            "issued_at": now.isoformat(),
+            "expires_at": (now + timedelta(seconds=self.manifest_ttl_s)).isoformat(),
+        }
+        signed = self.keys.sign(
+            {**rollout.manifest, **dated, "target": {"device_ids": [device.id]}}
+        )
+        device.desired = {**device.desired, rollout.model: signed}
+        rd.state, rd.sent_at, rd.updated_at = "sent", now, now
+        self._publish_desired(device)
+
+    def _publish_desired(self, device: Device) -> None:
+        """Publish ``device``'s desired state once the step's transaction commits."""
+        self._held.append(
+            functools.partial(self.bus.publish_desired, device.id, list(device.desired.values()))
+        )
+
+    # -- rolling back -----------------------------------------------------------------------
+
+    async def _roll_back(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
+        timeout = timedelta(seconds=rollout.device_timeout_s)
+        touched = ("sent", "committed", "timed_out")
+        restore = [rd.device_id for rd in rollout.devices if rd.state in touched]
+        resend = self._resend.pop(rollout.id, set())
+        self._rolling_back.add(rollout.id)
+        loaded = await _load_devices(session, restore)  # noqa: F841 (kept while used)
+        for rd in rollout.devices:
+            if rd.state == "pending":
+                rd.state, rd.reason = "skipped", "not reached before the rollback"
+            elif rd.state in touched:
+                await self._restore_desired(session, rollout, rd)
+                # still applying, or silent (offline: its retained desired state still held the
+                # new version until now): the command follows if it reports a commit
+                if rd.state in ("sent", "timed_out"):
+                    rd.state, rd.reason = "reverting_pending", "desired state restored"
+                else:
+                    rd.state, rd.sent_at = "reverting", None
+                rd.updated_at = now
+            if rd.state == "reverting" and (rd.sent_at is None or rd.device_id in resend):
+                command = self._command(rollout, rd)
+                self._held.append(
+                    functools.partial(self.bus.publish_command, rd.device_id, command)
+                )
+                if rd.sent_at is None:  # sent again: the timeout counts from the first send
+                    rd.sent_at = now
+                rd.updated_at = now
+            elif rd.state == "reverting" and required_utc(rd.sent_at) + timeout < now:
+                rd.state, rd.reason = (
+                    "revert_timed_out",
+                    "no answer to the rollback command in time",
+                )
+            elif rd.state == "reverting_pending" and required_utc(rd.updated_at) + timeout < now:
+                # it never reported the new version; its desired state no longer holds it
+                rd.state, rd.reason = "reverted", NEVER_REPORTED
+        if not [d for d in rollout.devices if d.state in ("reverting", "reverting_pending")]:
+            rollout.state = "rolled_back"
+            self._rolling_back.discard(rollout.id)
+            log.warning(
+                "rollout rolled back", extra={"rollout": rollout.id, "reason": rollout.reason}
+            )
+
+    async def _restore_desired(
+        self, session: AsyncSession, rollout: Rollout, rd: RolloutDevice
+    ) -> None:
+        device = await session.get(Device, rd.device_id)
+        if device is None:
+            return
+        desired = dict(device.desired)
+        if rd.previous_desired:
+            desired[rollout.model] = rd.previous_desired
+        else:
+            desired.pop(rollout.model, None)
+        device.desired = desired
+        self._publish_desired(device)
+
+    def _command(self, rollout: Rollout, rd: RolloutDevice) -> dict[str, Any]:
+        now = datetime.now(UTC)
+        return self.keys.sign(
+            {
+                "schema_version": 1,
+                "command_id": uuid.uuid4().hex,
+                "device_id": rd.device_id,
+                "type": "rollback",
+                "model": rollout.model,
+                "from_version": rollout.version,
+                "reason": f"rollout {rollout.id}: {rollout.reason}",
+                "issued_at": now.isoformat(),
+                "expires_at": (
+                    now + timedelta(seconds=max(rollout.device_timeout_s, 3600))
+                ).isoformat(),
+            }
+        )
+
+
+async def _load_devices(session: AsyncSession, device_ids: list[str]) -> list[Device]:
+    """Load these devices into the session in a few queries, so the ``session.get`` per device
+    that follows finds them there instead of asking the database once per device. (The
+    session's identity map holds objects weakly: keep the list while they are used.)"""
+    devices: list[Device] = []
+    for start in range(0, len(device_ids), CHUNK):
+        chunk = device_ids[start : start + CHUNK]
+        devices += (await session.execute(select(Device).where(Device.id.in_(chunk)))).scalars()
+    return devices

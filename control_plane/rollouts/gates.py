@@ -1,0 +1,116 @@
+"""The telemetry health gates of a rollout's wave: error rate and p99 latency of the new
+version on the devices that committed it, against the previous version's before the rollout."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import case, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from control_plane.db.models import Rollout, RolloutDevice, TelemetrySample
+from control_plane.db.session import required_utc
+from control_plane.rollouts.events import CHUNK
+from control_plane.rollouts.spec import Gates
+
+BASELINE = timedelta(minutes=10)
+"""How far before a rollout the previous version's latency is read."""
+
+
+async def telemetry_gates(
+    session: AsyncSession,
+    rollout: Rollout,
+    gates: Gates,
+    touched: list[RolloutDevice],
+    now: datetime,
+) -> tuple[str | None, dict[str, Any]]:
+    """Judge the telemetry of a wave's devices (``touched``): why the rollout fails, or None
+    (passed, or fewer than ``gates.min_requests`` requests so far), and the report shown on
+    the rollout."""
+    ids = [d.device_id for d in touched if d.state == "committed"]
+    # every window of the new version on touched devices counts: it only runs there since
+    # they switched, whatever the bake window says. Windows are chosen by when the control
+    # plane received them, not by their time: a device's clock behind by more than the
+    # rollout's age dates them before it, one ahead dates them past now (or an earlier,
+    # rolled-back rollout's inside it), and the gates would judge the wrong windows.
+    since = required_utc(rollout.created_at)
+    new = await _window(session, rollout.model, rollout.version, ids, since, now)
+    report: dict[str, Any] = {
+        "requests": new["requests"],
+        "errors": new["errors"],
+        "p99_ms": new["p99_ms"],
+    }
+    if new["requests"] < max(gates.min_requests, 1):
+        report["note"] = (
+            f"fewer than {gates.min_requests} requests: error rate and latency not judged yet"
+        )
+        return None, report
+    rate = new["errors"] / new["requests"]
+    report["error_rate"] = rate
+    if rate > gates.max_error_rate:
+        return (
+            f"error rate {rate:.1%} over {new['requests']} requests "
+            f"exceeds {gates.max_error_rate:.1%}",
+            report,
+        )
+    previous = {d.previous_version for d in touched if d.previous_version is not None}
+    if previous and new["p99_ms"]:
+        # the previous version's windows received in the BASELINE before the rollout
+        created = required_utc(rollout.created_at)
+        base = await _window(
+            session, rollout.model, previous.pop(), ids, created - BASELINE, created
+        )
+        if base["p99_ms"] and base["requests"] >= gates.min_requests:
+            ratio = new["p99_ms"] / base["p99_ms"]
+            report["p99_ratio"] = ratio
+            if ratio > gates.max_p99_ratio:
+                return (
+                    f"p99 latency {new['p99_ms']:.1f} ms is {ratio:.2f}x "
+                    "the previous version's "
+                    f"{base['p99_ms']:.1f} ms (limit {gates.max_p99_ratio}x)",
+                    report,
+                )
+    return None, report
+
+
+async def _window(
+    session: AsyncSession,
+    model: str,
+    version: int,
+    device_ids: list[str],
+    since: datetime,
+    until: datetime,
+) -> dict[str, Any]:
+    """Requests, errors and request-weighted p99 of a model version on some devices, over the
+    windows the control plane received from ``since`` to ``until`` (its own clock)."""
+    if not device_ids:
+        return {"requests": 0, "errors": 0, "p99_ms": None}
+    t = TelemetrySample
+    with_p99 = case((t.p99_ms.is_not(None), t.requests), else_=0)
+    requests = errors = 0
+    weighted = weight = 0.0
+    for start in range(0, len(device_ids), CHUNK):
+        row = (
+            await session.execute(
+                select(
+                    func.coalesce(func.sum(t.requests), 0),
+                    func.coalesce(func.sum(t.errors), 0),
+                    func.coalesce(func.sum(t.p99_ms * with_p99), 0),
+                    func.coalesce(func.sum(with_p99), 0),
+                ).where(
+                    t.model == model,
+                    t.version == version,
+                    t.device_id.in_(device_ids[start : start + CHUNK]),
+                    t.received_at >= since,
+                    t.received_at <= until,
+                )
+            )
+        ).one()
+        requests, errors = requests + int(row[0]), errors + int(row[1])
+        weighted, weight = weighted + float(row[2]), weight + float(row[3])
+    return {
+        "requests": requests,
+        "errors": errors,
+        "p99_ms": float(weighted) / weight if weight else None,
+    }

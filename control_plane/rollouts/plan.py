@@ -1,0 +1,145 @@
+"""A rollout's rows as it is created: the checks that refuse it, its targets and their waves,
+and the manifest stored once for every device (:meth:`RolloutEngine.create
+<control_plane.rollouts.engine.RolloutEngine.create>` runs it under the engine's lock)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from control_plane.db.models import Device, Model, Rollout, RolloutDevice
+from control_plane.errors import Busy, Conflict, Invalid
+from control_plane.registry.store import get_version
+from control_plane.rollouts.events import CHUNK
+from control_plane.rollouts.manifests import build_manifest
+from control_plane.rollouts.spec import RolloutSpec, wave_bounds
+
+ACTIVE = ("running", "paused", "rolling_back")
+"""Rollout states that still act on their devices."""
+
+
+async def plan_rollout(
+    session: AsyncSession,
+    spec: RolloutSpec,
+    user: str,
+    *,
+    artifact_base_url: str,
+    manifest_ttl_s: float,
+) -> int:
+    """Add a running rollout of ``spec`` and a pending row per device of its waves, in
+    ``session``'s transaction; return its id.
+
+    Raises:
+        NotFound: no such model version.
+        Conflict: the version was not validated, or failed validation.
+        Invalid: no device matches the selector and profiles.
+        Busy: an active rollout of the model holds one of the devices.
+    """
+    mv = await get_version(session, spec.model, spec.version)
+    report = mv.validation
+    if report is None:
+        raise Conflict(f"{spec.model} v{spec.version} has not been validated; validate it first")
+    if not report.get("passed"):
+        raise Conflict(f"{spec.model} v{spec.version} failed validation; it cannot be rolled out")
+    targets = await matching_devices(session, spec)
+    if not targets:
+        raise Invalid("selector: no device matches the selector and profiles")
+    await refuse_overlap(session, spec.model, [d.id for d in targets])
+    model = (
+        await session.execute(select(Model).where(Model.name == spec.model).with_for_update())
+    ).scalar_one()
+    sequence = model.next_sequence
+    model.next_sequence += 1
+    now = datetime.now(UTC)
+    rollout = Rollout(
+        model=spec.model,
+        version=spec.version,
+        sequence=sequence,
+        manifest={},
+        selector=spec.selector,
+        profiles=spec.profiles,
+        waves=spec.waves,
+        bake_time_s=spec.bake_time_s,
+        device_timeout_s=spec.device_timeout_s,
+        gates=spec.gates.model_dump(),
+        state="running",
+        current_wave=0,
+        reason="",
+        gate_report={},
+        created_by=user,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(rollout)
+    await session.flush()
+    # The manifest without its target, stored once; each device gets it signed for itself
+    # alone when its wave starts (RolloutEngine._send). One manifest naming every target would
+    # make every device's desired state grow with the fleet: N devices x N ids.
+    rollout.manifest = build_manifest(
+        mv,
+        sequence=sequence,
+        base_url=artifact_base_url,
+        target={},
+        rollout_id=f"rollout-{rollout.id}",
+        ttl_s=manifest_ttl_s,
+    )
+    bounds = wave_bounds(spec.waves, len(targets))
+    for position, device in enumerate(targets[: bounds[-1]]):  # beyond the last wave: untouched
+        wave = next(i for i, b in enumerate(bounds) if position < b)
+        served = {m["model"]: m["version"] for m in device.models}
+        session.add(
+            RolloutDevice(
+                rollout_id=rollout.id,
+                device_id=device.id,
+                position=position,
+                wave=wave,
+                state="pending",
+                previous_version=served.get(spec.model),
+                previous_desired=device.desired.get(spec.model),
+                reason="",
+            )
+        )
+    return rollout.id
+
+
+async def refuse_overlap(session: AsyncSession, model: str, device_ids: list[str]) -> None:
+    """Two active rollouts of one model on one device would overwrite each other's desired
+    state (the older one's rollback would restore what the newer replaced) and share its
+    answers to rollback commands, which name the model, not the rollout.
+
+    Raises:
+        Busy: naming the active rollout and the first device it holds.
+    """
+    query = select(Rollout.id).where(Rollout.model == model, Rollout.state.in_(ACTIVE))
+    active = (await session.execute(query)).scalars().all()
+    if not active:
+        return
+    for start in range(0, len(device_ids), CHUNK):
+        clash = (
+            await session.execute(
+                select(RolloutDevice.rollout_id, RolloutDevice.device_id)
+                .where(
+                    RolloutDevice.rollout_id.in_(active),
+                    RolloutDevice.device_id.in_(device_ids[start : start + CHUNK]),
+                )
+                .limit(1)
+            )
+        ).first()
+        if clash is not None:
+            raise Busy(
+                f"rollout {clash[0]} of {model} is still active on {clash[1]} (and maybe "
+                "others of these devices): let it finish, cancel or abort it first"
+            )
+
+
+async def matching_devices(session: AsyncSession, spec: RolloutSpec) -> list[Device]:
+    """The devices of the selector's labels and the spec's profiles, by id."""
+    devices = (await session.execute(select(Device).order_by(Device.id))).scalars().all()
+    return [
+        d
+        for d in devices
+        if all(d.labels.get(k) == v for k, v in spec.selector.items())
+        and (not spec.profiles or d.hardware_profile in spec.profiles)
+    ]
