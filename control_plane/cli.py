@@ -13,8 +13,7 @@ from typing import Any
 import click
 
 from control_plane.provisioning.cli import register_fleet
-
-TERMINAL = ("succeeded", "rolled_back", "cancelled")
+from control_plane.rollouts.states import DEVICE_FINISHED, FINISHED, RolloutState
 
 
 def _group(root: click.Group, name: str, help_text: str) -> click.Group:
@@ -282,15 +281,6 @@ def register_operator_commands(root: click.Group) -> None:
             return
         from rich.progress import BarColumn, Progress, TextColumn
 
-        done_states = (
-            "committed",
-            "rejected",
-            "rolled_back",
-            "timed_out",
-            "reverted",
-            "skipped",
-            "revert_timed_out",
-        )
         with Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -303,13 +293,13 @@ def register_operator_commands(root: click.Group) -> None:
             ]
             while True:
                 for task, w in zip(tasks, doc["waves"], strict=True):
-                    done = sum(n for s, n in w["states"].items() if s in done_states)
+                    done = sum(n for s, n in w["states"].items() if s in DEVICE_FINISHED)
                     progress.update(
                         task,
                         completed=done,
                         states=" ".join(f"{s}={n}" for s, n in sorted(w["states"].items())),
                     )
-                if doc["state"] in TERMINAL:
+                if doc["state"] in FINISHED:
                     break
                 time.sleep(1)
                 doc = api.call("GET", f"/api/v1/rollouts/{rollout_id}")
@@ -405,7 +395,8 @@ def _show(doc: dict[str, Any]) -> None:
         + (f" ({doc['reason']})" if doc["reason"] else "")
     )
     for w in doc["waves"]:
-        marker = ">" if w["wave"] == doc["current_wave"] and doc["state"] == "running" else " "
+        current = w["wave"] == doc["current_wave"] and doc["state"] == RolloutState.RUNNING
+        marker = ">" if current else " "
         states = " ".join(f"{s}={n}" for s, n in sorted(w["states"].items()))
         click.echo(f" {marker} wave {w['wave']} ({w['size']}): {w['devices']} devices  {states}")
 

@@ -28,6 +28,7 @@ import tomli_w
 
 from control_plane.provisioning.acl import CONTROL_PLANE_USER
 from control_plane.provisioning.mosquitto import FleetAccess
+from control_plane.rollouts.states import FINISHED, RolloutState
 from runtimes.examples import write_example_repository
 from runtimes.examples.variants import fragile_mlp_version, mlp_tflite_version, mlp_version
 
@@ -215,7 +216,7 @@ def run_demo(
         _validate(api, 2, echo)
         rollout = _rollout(api, 2, echo)
         doc = _follow(api, rollout, echo)
-        if doc["state"] != "succeeded":
+        if doc["state"] != RolloutState.SUCCEEDED:
             echo(f"rollout {rollout} did not succeed: {doc['reason']}")
             return 1
         for device_id, url in agents.items():
@@ -242,7 +243,7 @@ def run_demo(
         echo(f"rollout {rollout}: {doc['state']}: {doc['reason']}")
         versions = {d: _infer(u, x).json()["model_version"] for d, u in agents.items()}
         echo("serving now: " + ", ".join(f"{d} v{v}" for d, v in versions.items()))
-        ok = doc["state"] == "rolled_back" and set(versions.values()) == {"2"}
+        ok = doc["state"] == RolloutState.ROLLED_BACK and set(versions.values()) == {"2"}
     echo("== done" if ok else "== the demo did not go as planned; see the logs")
     return 0 if ok else 1
 
@@ -332,7 +333,7 @@ def _follow(api: httpx.Client, rollout: int, echo: Echo) -> dict[str, Any]:
         if line != seen:
             echo(f"  {doc['state']:<12} {line}")
             seen = line
-        if doc["state"] in ("succeeded", "rolled_back", "cancelled"):
+        if doc["state"] in FINISHED:
             echo(f"  {doc['state']}")
             return doc  # type: ignore[no-any-return]
         time.sleep(0.5)

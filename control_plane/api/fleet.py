@@ -145,14 +145,14 @@ def rollout_doc(r: Rollout) -> dict[str, Any]:
         members = [d for d in r.devices if d.wave == i]
         states: dict[str, int] = {}
         for d in members:
-            states[d.state] = states.get(d.state, 0) + 1
+            states[d.state.value] = states.get(d.state.value, 0) + 1
         waves.append({"wave": i, "size": size, "devices": len(members), "states": states})
     return {
         "id": r.id,
         "model": r.model,
         "version": r.version,
         "sequence": r.sequence,
-        "state": r.state,
+        "state": r.state.value,
         "reason": r.reason,
         "current_wave": r.current_wave,
         "waves": waves,
@@ -169,7 +169,7 @@ def rollout_doc(r: Rollout) -> dict[str, Any]:
             {
                 "device_id": d.device_id,
                 "wave": d.wave,
-                "state": d.state,
+                "state": d.state.value,
                 "reason": d.reason,
                 "previous_version": d.previous_version,
             }

@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
     DateTime,
+    Dialect,
     Float,
     ForeignKey,
     Index,
@@ -20,10 +22,34 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+from control_plane.rollouts.states import DeviceRolloutState, RolloutState
 
 NAME_LENGTH = 128
 """Width of the name columns (models, devices, tokens): PostgreSQL refuses a longer value, so
 the API refuses it first."""
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+class StateColumn(TypeDecorator[E]):
+    """A ``StrEnum`` stored as its value in a ``VARCHAR(32)``, read back as the enum: the
+    schema is the plain string column the migrations made."""
+
+    impl = String(32)
+    cache_ok = True
+
+    def __init__(self, enum: type[E]) -> None:
+        super().__init__()
+        self.enum = enum
+
+    def process_bind_param(self, value: E | None, dialect: Dialect) -> str | None:
+        return None if value is None else self.enum(value).value
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> E | None:
+        return None if value is None else self.enum(value)
 
 
 class Base(DeclarativeBase):
@@ -118,8 +144,7 @@ class Rollout(Base):
     bake_time_s: Mapped[float] = mapped_column(Float)
     device_timeout_s: Mapped[float] = mapped_column(Float)
     gates: Mapped[dict[str, Any]] = mapped_column()
-    state: Mapped[str] = mapped_column(String(32), index=True)
-    """pending, running, paused, rolling_back, succeeded, rolled_back, cancelled."""
+    state: Mapped[RolloutState] = mapped_column(StateColumn(RolloutState), index=True)
     current_wave: Mapped[int] = mapped_column(Integer, default=0)
     wave_started_at: Mapped[datetime | None] = mapped_column(nullable=True)
     bake_started_at: Mapped[datetime | None] = mapped_column(nullable=True)
@@ -142,8 +167,7 @@ class RolloutDevice(Base):
     device_id: Mapped[str] = mapped_column(String(128), index=True)
     position: Mapped[int] = mapped_column(Integer)
     wave: Mapped[int] = mapped_column(Integer)
-    state: Mapped[str] = mapped_column(String(32))
-    """pending, sent, committed, rejected, rolled_back, timed_out, reverting, reverted."""
+    state: Mapped[DeviceRolloutState] = mapped_column(StateColumn(DeviceRolloutState))
     previous_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
     previous_desired: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     """The device's desired manifest for the model before this rollout, restored on rollback."""

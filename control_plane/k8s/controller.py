@@ -43,6 +43,7 @@ from control_plane.k8s.resource import (
 )
 from control_plane.k8s.settings import KubernetesSettings
 from control_plane.rollouts.engine import RolloutEngine
+from control_plane.rollouts.states import RolloutState
 
 log = logging.getLogger("edgefleet.control_plane.k8s")
 
@@ -220,11 +221,12 @@ class ModelRolloutController:
         if rollout is None:
             return
         try:
-            if spec.get("abort") and rollout.state in ("running", "paused"):
+            running, paused = RolloutState.RUNNING, RolloutState.PAUSED
+            if spec.get("abort") and rollout.state in (running, paused):
                 await self.engine.abort(rollout_id, owner(obj))
-            elif spec.get("paused") and rollout.state == "running":
+            elif spec.get("paused") and rollout.state is running:
                 await self.engine.pause(rollout_id)
-            elif not spec.get("paused") and rollout.state == "paused":
+            elif not spec.get("paused") and rollout.state is paused:
                 await self.engine.resume(rollout_id)
         except Conflict:
             pass  # the rollout moved on meanwhile (finished, or rolled back by a gate)

@@ -17,19 +17,21 @@ from pydantic import ValidationError
 from control_plane.db.models import Rollout
 from control_plane.errors import Invalid
 from control_plane.k8s.api import Obj
+from control_plane.rollouts import states
 from control_plane.rollouts.spec import RolloutSpec
+from control_plane.rollouts.states import DeviceRolloutState, RolloutState
 
 PHASES = {
-    "pending": "Pending",
-    "running": "Running",
-    "paused": "Paused",
-    "rolling_back": "RollingBack",
-    "succeeded": "Succeeded",
-    "rolled_back": "RolledBack",
-    "cancelled": "Cancelled",
+    RolloutState.RUNNING: "Running",
+    RolloutState.PAUSED: "Paused",
+    RolloutState.ROLLING_BACK: "RollingBack",
+    RolloutState.SUCCEEDED: "Succeeded",
+    RolloutState.ROLLED_BACK: "RolledBack",
+    RolloutState.CANCELLED: "Cancelled",
 }
+"""``.status.phase`` of an accepted rollout; before the engine took it, the phase is Pending."""
 FINAL = ("Succeeded", "RolledBack", "Cancelled", "Failed")
-ACTIVE = ("Running", "Paused", "RollingBack")
+ACTIVE = tuple(PHASES[s] for s in states.ACTIVE)
 MAX_MESSAGE_CHARS = 1024
 """Longest free-text status field (the CRD caps condition messages at 32,768: one device's
 self-test reason alone can exceed it, and the API server then refuses every status write)."""
@@ -37,17 +39,17 @@ CLIPPED = " ... [truncated]"
 
 # engine device state -> .status.counts key
 OUTCOME = {
-    "pending": "pending",
-    "sent": "updating",
-    "committed": "committed",
-    "rejected": "failed",
-    "rolled_back": "failed",
-    "timed_out": "failed",
-    "revert_timed_out": "failed",
-    "reverting": "reverting",
-    "reverting_pending": "reverting",
-    "reverted": "reverted",
-    "skipped": "skipped",
+    DeviceRolloutState.PENDING: "pending",
+    DeviceRolloutState.SENT: "updating",
+    DeviceRolloutState.COMMITTED: "committed",
+    DeviceRolloutState.REJECTED: "failed",
+    DeviceRolloutState.ROLLED_BACK: "failed",
+    DeviceRolloutState.TIMED_OUT: "failed",
+    DeviceRolloutState.REVERT_TIMED_OUT: "failed",
+    DeviceRolloutState.REVERTING: "reverting",
+    DeviceRolloutState.REVERTING_PENDING: "reverting",
+    DeviceRolloutState.REVERTED: "reverted",
+    DeviceRolloutState.SKIPPED: "skipped",
 }
 
 # RolloutSpec field -> where it is in the object, for error messages that name the field
@@ -160,7 +162,7 @@ def rollout_status(rollout: Rollout, generation: int | None) -> Obj:
     counts["targeted"] = len(rollout.devices)
     waves = []
     for i, size in enumerate(rollout.waves):
-        states = Counter(d.state for d in rollout.devices if d.wave == i)
+        states = Counter(d.state.value for d in rollout.devices if d.wave == i)
         waves.append(
             {"wave": i, "size": str(size), "devices": sum(states.values()), "states": dict(states)}
         )
@@ -178,13 +180,13 @@ def rollout_status(rollout: Rollout, generation: int | None) -> Obj:
     report = rollout.gate_report.get(str(rollout.current_wave))
     if report:
         status["gateReport"] = _gate_report(rollout.current_wave, report)
-    if rollout.state in ("rolling_back", "rolled_back"):
+    if rollout.state in (RolloutState.ROLLING_BACK, RolloutState.ROLLED_BACK):
         status["rollback"] = {
             "reason": clip(rollout.reason),
-            "completed": rollout.state == "rolled_back",
+            "completed": rollout.state is RolloutState.ROLLED_BACK,
             "reverting": counts["reverting"],
             "reverted": counts["reverted"],
-            "failed": sum(1 for d in rollout.devices if d.state == "revert_timed_out"),
+            "failed": sum(d.state is DeviceRolloutState.REVERT_TIMED_OUT for d in rollout.devices),
         }
     return status
 

@@ -25,7 +25,6 @@ import contextlib
 import functools
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -42,13 +41,20 @@ from control_plane.metrics import FleetMetrics
 from control_plane.mqtt.bus import FleetBus
 from control_plane.rollouts.events import CHUNK, NEVER_REPORTED, apply_events, moves_rollout
 from control_plane.rollouts.gates import telemetry_gates
-from control_plane.rollouts.plan import ACTIVE, plan_rollout
+from control_plane.rollouts.manifests import for_device, rollback_command
+from control_plane.rollouts.plan import plan_rollout
 from control_plane.rollouts.spec import Gates, RolloutSpec
+from control_plane.rollouts.states import (
+    ACTIVE,
+    FAILED,
+    REVERTING,
+    WAVE_DONE,
+    DeviceRolloutState,
+    RolloutState,
+)
 from control_plane.signing.keys import KeyRing
 
 log = logging.getLogger("edgefleet.control_plane.rollouts")
-
-DEVICE_DONE = ("committed", "rejected", "rolled_back", "timed_out")
 
 
 class RolloutEngine:
@@ -98,25 +104,35 @@ class RolloutEngine:
         return rollout_id
 
     async def pause(self, rollout_id: int) -> None:
-        await self._transition(rollout_id, {"running"}, "paused")
+        await self._transition(rollout_id, {RolloutState.RUNNING}, RolloutState.PAUSED)
 
     async def resume(self, rollout_id: int) -> None:
-        await self._transition(rollout_id, {"paused"}, "running")
+        await self._transition(rollout_id, {RolloutState.PAUSED}, RolloutState.RUNNING)
         await self.step(rollout_id)
 
     async def cancel(self, rollout_id: int, user: str) -> None:
         await self._transition(
-            rollout_id, {"running", "paused"}, "cancelled", f"cancelled by {user}"
+            rollout_id,
+            {RolloutState.RUNNING, RolloutState.PAUSED},
+            RolloutState.CANCELLED,
+            f"cancelled by {user}",
         )
 
     async def abort(self, rollout_id: int, user: str) -> None:
         await self._transition(
-            rollout_id, {"running", "paused"}, "rolling_back", f"aborted by {user}"
+            rollout_id,
+            {RolloutState.RUNNING, RolloutState.PAUSED},
+            RolloutState.ROLLING_BACK,
+            f"aborted by {user}",
         )
         await self.step(rollout_id)
 
     async def _transition(
-        self, rollout_id: int, allowed: set[str], to: str, reason: str = ""
+        self,
+        rollout_id: int,
+        allowed: set[RolloutState],
+        to: RolloutState,
+        reason: str = "",
     ) -> None:
         async with self._lock, self.sessions.begin() as session:
             rollout = await session.get(Rollout, rollout_id)
@@ -160,7 +176,7 @@ class RolloutEngine:
                 rows = await session.execute(
                     select(RolloutDevice.rollout_id, RolloutDevice.device_id).where(
                         RolloutDevice.rollout_id.in_(self._rolling_back),
-                        RolloutDevice.state == "reverting",
+                        RolloutDevice.state == DeviceRolloutState.REVERTING,
                         RolloutDevice.sent_at.is_not(None),
                         RolloutDevice.device_id.in_(ids[start : start + CHUNK]),
                     )
@@ -271,16 +287,20 @@ class RolloutEngine:
                 return
             now = datetime.now(UTC)
             await self._reconcile(session, rollout, now)
-            if rollout.state == "running":
+            if rollout.state is RolloutState.RUNNING:
                 await self._run_waves(session, rollout, now)
-            if rollout.state == "rolling_back":
+            if rollout.state is RolloutState.ROLLING_BACK:
                 await self._roll_back(session, rollout, now)
             rollout.updated_at = now
 
     async def _reconcile(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
         """Read device states from what devices last said they serve (their retained status),
         so an event lost while the control plane was down cannot leave a device hanging."""
-        waiting = [d for d in rollout.devices if d.state in ("sent", "reverting")]
+        waiting = [
+            d
+            for d in rollout.devices
+            if d.state in (DeviceRolloutState.SENT, DeviceRolloutState.REVERTING)
+        ]
         if not waiting:
             return
         # Only the column read here: whole Device rows would decode every desired state too,
@@ -298,16 +318,18 @@ class RolloutEngine:
                 continue
             served = {(m["model"], m["version"]): m.get("sequence") for m in models}
             if (
-                rd.state == "sent"
+                rd.state is DeviceRolloutState.SENT
                 and served.get((rollout.model, rollout.version)) == rollout.sequence
             ):
-                rd.state, rd.reason, rd.updated_at = "committed", "seen in the device's status", now
+                rd.state, rd.reason = DeviceRolloutState.COMMITTED, "seen in the device's status"
+                rd.updated_at = now
             elif (
-                rd.state == "reverting"
+                rd.state is DeviceRolloutState.REVERTING
                 and (rollout.model, rollout.version) not in served
                 and (rd.previous_version is None or (rollout.model, rd.previous_version) in served)
             ):
-                rd.state, rd.reason, rd.updated_at = "reverted", "seen in the device's status", now
+                rd.state, rd.reason = DeviceRolloutState.REVERTED, "seen in the device's status"
+                rd.updated_at = now
 
     # -- running ----------------------------------------------------------------------------
 
@@ -330,16 +352,16 @@ class RolloutEngine:
             )
         for rd in wave_devices:
             if (
-                rd.state == "sent"
+                rd.state is DeviceRolloutState.SENT
                 and required_utc(rd.sent_at) + timedelta(seconds=rollout.device_timeout_s) < now
             ):
                 rd.state, rd.reason, rd.updated_at = (
-                    "timed_out",
+                    DeviceRolloutState.TIMED_OUT,
                     "no answer within device_timeout_s",
                     now,
                 )
         touched = [d for d in rollout.devices if d.wave <= rollout.current_wave]
-        failed = [d for d in touched if d.state in ("rejected", "rolled_back")]
+        failed = [d for d in touched if d.state in FAILED]
         self_test = [d for d in failed if "self_test_failed" in d.reason]
         if gates.self_test and self_test:
             return self._fail(
@@ -352,13 +374,13 @@ class RolloutEngine:
                 f"(allowed {gates.max_rejections}); "
                 f"first: {failed[0].device_id}: {failed[0].reason}",
             )
-        if any(d.state not in DEVICE_DONE for d in wave_devices):
+        if any(d.state not in WAVE_DONE for d in wave_devices):
             return None
-        if wave_devices and not any(d.state == "committed" for d in wave_devices):
+        if wave_devices and not any(d.state is DeviceRolloutState.COMMITTED for d in wave_devices):
             # No evidence the version works anywhere (every device timed out, or refused within
             # max_rejections): going on would roll it out wider blind. A dead artifact URL or a
             # broker that refuses the devices' topics looks exactly like this.
-            timed_out = sum(d.state == "timed_out" for d in wave_devices)
+            timed_out = sum(d.state is DeviceRolloutState.TIMED_OUT for d in wave_devices)
             return self._fail(
                 rollout,
                 f"no device of wave {rollout.current_wave + 1} committed the update "
@@ -376,7 +398,7 @@ class RolloutEngine:
             d for d in rollout.devices if d.wave > rollout.current_wave
         ]:
             rollout.state, rollout.reason = (
-                "succeeded",
+                RolloutState.SUCCEEDED,
                 f"all {len(rollout.waves)} waves passed their gates",
             )
             log.info("rollout succeeded", extra={"rollout": rollout.id})
@@ -387,7 +409,7 @@ class RolloutEngine:
         return None
 
     def _fail(self, rollout: Rollout, reason: str) -> None:
-        rollout.state, rollout.reason = "rolling_back", reason
+        rollout.state, rollout.reason = RolloutState.ROLLING_BACK, reason
         log.warning(
             "rollout gate failed: rolling back", extra={"rollout": rollout.id, "reason": reason}
         )
@@ -397,19 +419,14 @@ class RolloutEngine:
     ) -> None:
         device = await session.get(Device, rd.device_id)
         if device is None:
-            rd.state, rd.reason = "timed_out", "device no longer in the inventory"
+            rd.state = DeviceRolloutState.TIMED_OUT
+            rd.reason = "device no longer in the inventory"
             return
-        # dated now, not at the rollout's creation: a wave started or resumed weeks later
-        # must not send a manifest past its expiry
-        dated = {
-            "issued_at": now.isoformat(),
-            "expires_at": (now + timedelta(seconds=self.manifest_ttl_s)).isoformat(),
-        }
-        signed = self.keys.sign(
-            {**rollout.manifest, **dated, "target": {"device_ids": [device.id]}}
+        signed = self.keys.sign_message(
+            for_device(rollout.manifest, device.id, now, self.manifest_ttl_s)
         )
         device.desired = {**device.desired, rollout.model: signed}
-        rd.state, rd.sent_at, rd.updated_at = "sent", now, now
+        rd.state, rd.sent_at, rd.updated_at = DeviceRolloutState.SENT, now, now
         self._publish_desired(device)
 
     def _publish_desired(self, device: Device) -> None:
@@ -422,24 +439,32 @@ class RolloutEngine:
 
     async def _roll_back(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
         timeout = timedelta(seconds=rollout.device_timeout_s)
-        touched = ("sent", "committed", "timed_out")
+        touched = (
+            DeviceRolloutState.SENT,
+            DeviceRolloutState.COMMITTED,
+            DeviceRolloutState.TIMED_OUT,
+        )
         restore = [rd.device_id for rd in rollout.devices if rd.state in touched]
         resend = self._resend.pop(rollout.id, set())
         self._rolling_back.add(rollout.id)
         loaded = await _load_devices(session, restore)  # noqa: F841 (kept while used)
         for rd in rollout.devices:
-            if rd.state == "pending":
-                rd.state, rd.reason = "skipped", "not reached before the rollback"
+            if rd.state is DeviceRolloutState.PENDING:
+                rd.state = DeviceRolloutState.SKIPPED
+                rd.reason = "not reached before the rollback"
             elif rd.state in touched:
                 await self._restore_desired(session, rollout, rd)
                 # still applying, or silent (offline: its retained desired state still held the
                 # new version until now): the command follows if it reports a commit
-                if rd.state in ("sent", "timed_out"):
-                    rd.state, rd.reason = "reverting_pending", "desired state restored"
+                if rd.state in (DeviceRolloutState.SENT, DeviceRolloutState.TIMED_OUT):
+                    rd.state = DeviceRolloutState.REVERTING_PENDING
+                    rd.reason = "desired state restored"
                 else:
-                    rd.state, rd.sent_at = "reverting", None
+                    rd.state, rd.sent_at = DeviceRolloutState.REVERTING, None
                 rd.updated_at = now
-            if rd.state == "reverting" and (rd.sent_at is None or rd.device_id in resend):
+            if rd.state is DeviceRolloutState.REVERTING and (
+                rd.sent_at is None or rd.device_id in resend
+            ):
                 command = self._command(rollout, rd)
                 self._held.append(
                     functools.partial(self.bus.publish_command, rd.device_id, command)
@@ -447,16 +472,22 @@ class RolloutEngine:
                 if rd.sent_at is None:  # sent again: the timeout counts from the first send
                     rd.sent_at = now
                 rd.updated_at = now
-            elif rd.state == "reverting" and required_utc(rd.sent_at) + timeout < now:
+            elif (
+                rd.state is DeviceRolloutState.REVERTING
+                and required_utc(rd.sent_at) + timeout < now
+            ):
                 rd.state, rd.reason = (
-                    "revert_timed_out",
+                    DeviceRolloutState.REVERT_TIMED_OUT,
                     "no answer to the rollback command in time",
                 )
-            elif rd.state == "reverting_pending" and required_utc(rd.updated_at) + timeout < now:
+            elif (
+                rd.state is DeviceRolloutState.REVERTING_PENDING
+                and required_utc(rd.updated_at) + timeout < now
+            ):
                 # it never reported the new version; its desired state no longer holds it
-                rd.state, rd.reason = "reverted", NEVER_REPORTED
-        if not [d for d in rollout.devices if d.state in ("reverting", "reverting_pending")]:
-            rollout.state = "rolled_back"
+                rd.state, rd.reason = DeviceRolloutState.REVERTED, NEVER_REPORTED
+        if not [d for d in rollout.devices if d.state in REVERTING]:
+            rollout.state = RolloutState.ROLLED_BACK
             self._rolling_back.discard(rollout.id)
             log.warning(
                 "rollout rolled back", extra={"rollout": rollout.id, "reason": rollout.reason}
@@ -477,21 +508,15 @@ class RolloutEngine:
         self._publish_desired(device)
 
     def _command(self, rollout: Rollout, rd: RolloutDevice) -> dict[str, Any]:
-        now = datetime.now(UTC)
-        return self.keys.sign(
-            {
-                "schema_version": 1,
-                "command_id": uuid.uuid4().hex,
-                "device_id": rd.device_id,
-                "type": "rollback",
-                "model": rollout.model,
-                "from_version": rollout.version,
-                "reason": f"rollout {rollout.id}: {rollout.reason}",
-                "issued_at": now.isoformat(),
-                "expires_at": (
-                    now + timedelta(seconds=max(rollout.device_timeout_s, 3600))
-                ).isoformat(),
-            }
+        return self.keys.sign_message(
+            rollback_command(
+                rd.device_id,
+                rollout.model,
+                rollout.version,
+                f"rollout {rollout.id}: {rollout.reason}",
+                datetime.now(UTC),
+                ttl_s=max(rollout.device_timeout_s, 3600),
+            )
         )
 
 

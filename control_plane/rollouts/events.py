@@ -10,10 +10,17 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from common.protocol.messages import UpdateEvent
+from common.protocol.messages import UpdateEvent, UpdateState
 from control_plane.db.models import Rollout, RolloutDevice
+from control_plane.rollouts.states import DeviceRolloutState, RolloutState
 
-FINAL_EVENTS = frozenset({"committed", "rejected", "rolled_back"})
+OUTCOMES = {
+    UpdateState.COMMITTED: DeviceRolloutState.COMMITTED,
+    UpdateState.REJECTED: DeviceRolloutState.REJECTED,
+    UpdateState.ROLLED_BACK: DeviceRolloutState.ROLLED_BACK,
+}
+"""A device's final update states, and what each makes of its row in the rollout."""
+REFUSALS = (UpdateState.ROLLED_BACK, UpdateState.REJECTED)
 NEVER_REPORTED = "never reported the new version"
 """Reason of a device given up on while rolling back: a commit it reports later reopens it."""
 REASON_LIMIT = 1024
@@ -25,7 +32,7 @@ CHUNK = 1000
 def moves_rollout(event: UpdateEvent) -> bool:
     """A final state, or a fault the device reports while it retries (shown on the rollout);
     plain progress (received, downloading, ...) moves nothing."""
-    return event.state.value in FINAL_EVENTS or bool(event.code)
+    return event.state in OUTCOMES or bool(event.code)
 
 
 async def apply_events(session: AsyncSession, events: list[UpdateEvent]) -> set[int]:
@@ -75,7 +82,7 @@ async def _reverting_for(
     ids = {
         e.device_id
         for e in events
-        if e.state.value in ("rolled_back", "rejected")
+        if e.state in REFUSALS
         and e.code in ("fleet_command", "nothing_to_roll_back")
         and not (e.rollout_id and e.rollout_id.startswith("rollout-"))
     }
@@ -87,7 +94,7 @@ async def _reverting_for(
             .join(Rollout)
             .where(
                 RolloutDevice.device_id.in_(chunked[start : start + CHUNK]),
-                RolloutDevice.state == "reverting",
+                RolloutDevice.state == DeviceRolloutState.REVERTING,
             )
         )
         for rd, model in result:
@@ -101,7 +108,7 @@ async def _apply_event(
     prefetched: dict[tuple[int, str], RolloutDevice],
     reverting: dict[tuple[str, str], list[RolloutDevice]],
 ) -> int | None:
-    state, now = event.state.value, datetime.now(UTC)
+    state, now = event.state, datetime.now(UTC)
     if event.rollout_id and event.rollout_id.startswith("rollout-"):
         try:
             rollout_id = int(event.rollout_id.removeprefix("rollout-"))
@@ -109,42 +116,54 @@ async def _apply_event(
             return None
         rd = prefetched.get((rollout_id, event.device_id))
         reason = _device_reason(event) if event.code else ""
-        if rd is not None and reason and rd.state in ("pending", "sent"):
+        if (
+            rd is not None
+            and reason
+            and rd.state in (DeviceRolloutState.PENDING, DeviceRolloutState.SENT)
+        ):
             # a fault the device retries on its own (disk full, a download cut short):
             # shown on the rollout while the device is at it, without moving its state
             rd.reason, rd.updated_at = reason, now
-        if rd is None or state not in ("committed", "rejected", "rolled_back"):
+        outcome = OUTCOMES.get(state)
+        if rd is None or outcome is None:
             return None
-        late = rd.state == "reverted" and rd.reason == NEVER_REPORTED
-        if rd.state == "reverting_pending" or late:
-            if state == "committed":  # it got there after all: now it gets the command
+        late = rd.state is DeviceRolloutState.REVERTED and rd.reason == NEVER_REPORTED
+        if rd.state is DeviceRolloutState.REVERTING_PENDING or late:
+            if (
+                outcome is DeviceRolloutState.COMMITTED
+            ):  # it got there after all: now it gets the command
                 rd.state, rd.sent_at, rd.reason = (
-                    "reverting",
+                    DeviceRolloutState.REVERTING,
                     None,
                     "committed after the rollback started",
                 )
                 rollout = await session.get(Rollout, rollout_id)
-                if rollout is not None and rollout.state == "rolled_back":
-                    rollout.state = "rolling_back"
+                if rollout is not None and rollout.state is RolloutState.ROLLED_BACK:
+                    rollout.state = RolloutState.ROLLING_BACK
             elif not late:
-                rd.state, rd.reason = "reverted", f"never switched ({reason})"
-        elif rd.state == "committed":
+                rd.state, rd.reason = DeviceRolloutState.REVERTED, f"never switched ({reason})"
+        elif rd.state is DeviceRolloutState.COMMITTED:
             pass  # a device does not un-commit: a later refusal of it is a repeat
-        elif rd.state in ("pending", "sent", "timed_out"):
-            rd.state, rd.reason = state, reason
+        elif rd.state in (
+            DeviceRolloutState.PENDING,
+            DeviceRolloutState.SENT,
+            DeviceRolloutState.TIMED_OUT,
+        ):
+            rd.state, rd.reason = outcome, reason
         rd.updated_at = now
         return rollout_id
-    if state in ("rolled_back", "rejected") and event.code in (
+    if state in REFUSALS and event.code in (
         "fleet_command",
         "nothing_to_roll_back",
     ):
         rows = [
             rd
             for rd in reverting.get((event.device_id, event.model), [])
-            if rd.state == "reverting"
+            if rd.state is DeviceRolloutState.REVERTING
         ]
         for rd in rows:
-            rd.state, rd.reason, rd.updated_at = "reverted", _device_reason(event), now
+            rd.state, rd.reason = DeviceRolloutState.REVERTED, _device_reason(event)
+            rd.updated_at = now
         return rows[0].rollout_id if rows else None
     return None
 

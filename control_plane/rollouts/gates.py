@@ -13,6 +13,7 @@ from control_plane.db.models import Rollout, RolloutDevice, TelemetrySample
 from control_plane.db.session import required_utc
 from control_plane.rollouts.events import CHUNK
 from control_plane.rollouts.spec import Gates
+from control_plane.rollouts.states import DeviceRolloutState
 
 BASELINE = timedelta(minutes=10)
 """How far before a rollout the previous version's latency is read."""
@@ -28,7 +29,7 @@ async def telemetry_gates(
     """Judge the telemetry of a wave's devices (``touched``): why the rollout fails, or None
     (passed, or fewer than ``gates.min_requests`` requests so far), and the report shown on
     the rollout."""
-    ids = [d.device_id for d in touched if d.state == "committed"]
+    ids = [d.device_id for d in touched if d.state is DeviceRolloutState.COMMITTED]
     # every window of the new version on touched devices counts: it only runs there since
     # they switched, whatever the bake window says. Windows are chosen by when the control
     # plane received them, not by their time: a device's clock behind by more than the

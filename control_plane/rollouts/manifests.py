@@ -1,20 +1,32 @@
-"""Manifests from registry versions (the control plane signs them with its manifest key)."""
+"""Manifests and commands from registry versions, built as the wire's own types
+(:class:`~common.protocol.messages.ModelManifest`, :class:`~common.protocol.messages.Command`)
+that every device parses; the control plane signs them with its manifest key."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+import uuid
+from datetime import datetime, timedelta
 from typing import Any
 
+from common.protocol.messages import (
+    ArtifactVariant,
+    Command,
+    CommandType,
+    FileRef,
+    HealthCriteria,
+    ModelManifest,
+    TargetSelector,
+)
 from control_plane.db.models import ModelVersion
 
 
-def _file(ref: dict[str, Any], base_url: str) -> dict[str, Any]:
-    return {
-        "name": ref["name"],
-        "sha256": ref["sha256"],
-        "size": ref["size"],
-        "url": f"{base_url}/artifacts/sha256/{ref['sha256']}",
-    }
+def _file(ref: dict[str, Any], base_url: str) -> FileRef:
+    return FileRef(
+        name=ref["name"],
+        sha256=ref["sha256"],
+        size=ref["size"],
+        url=f"{base_url}/artifacts/sha256/{ref['sha256']}",
+    )
 
 
 def build_manifest(
@@ -22,29 +34,58 @@ def build_manifest(
     *,
     sequence: int,
     base_url: str,
-    target: dict[str, Any],
     rollout_id: str | None,
+    now: datetime,
     ttl_s: float,
-) -> dict[str, Any]:
-    now = datetime.now(UTC)
-    return {
-        "schema_version": 1,
-        "model": mv.model.name,
-        "version": mv.version,
-        "sequence": sequence,
-        "artifacts": [
-            {
-                "format": v["format"],
-                "profiles": v["profiles"],
-                "files": [_file(f, base_url) for f in v["files"]],
-            }
+) -> ModelManifest:
+    """The manifest of ``mv`` for no device in particular (see :func:`for_device`)."""
+    return ModelManifest(
+        model=mv.model.name,
+        version=mv.version,
+        sequence=sequence,
+        artifacts=[
+            ArtifactVariant(
+                format=v["format"],
+                profiles=v["profiles"],
+                files=[_file(f, base_url) for f in v["files"]],
+            )
             for v in mv.variants
         ],
-        "golden": _file(mv.golden, base_url) if mv.golden else None,
-        "config": mv.config,
-        "health": mv.health,
-        "target": target,
-        "rollout_id": rollout_id,
-        "issued_at": now.isoformat(),
-        "expires_at": (now + timedelta(seconds=ttl_s)).isoformat(),
-    }
+        golden=_file(mv.golden, base_url) if mv.golden else None,
+        config=mv.config,
+        health=HealthCriteria.model_validate(mv.health),
+        target=TargetSelector(),
+        rollout_id=rollout_id,
+        issued_at=now,
+        expires_at=now + timedelta(seconds=ttl_s),
+    )
+
+
+def for_device(
+    stored: dict[str, Any], device_id: str, now: datetime, ttl_s: float
+) -> ModelManifest:
+    """A rollout's stored manifest for one device, dated ``now``: a wave started or resumed
+    weeks after the rollout's creation must not send a manifest past its expiry."""
+    return ModelManifest.model_validate(stored).model_copy(
+        update={
+            "target": TargetSelector(device_ids=[device_id]),
+            "issued_at": now,
+            "expires_at": now + timedelta(seconds=ttl_s),
+        }
+    )
+
+
+def rollback_command(
+    device_id: str, model: str, from_version: int, reason: str, now: datetime, ttl_s: float
+) -> Command:
+    """Roll ``model`` back on ``device_id`` if it runs ``from_version``."""
+    return Command(
+        command_id=uuid.uuid4().hex,
+        device_id=device_id,
+        type=CommandType.ROLLBACK,
+        model=model,
+        from_version=from_version,
+        reason=reason,
+        issued_at=now,
+        expires_at=now + timedelta(seconds=ttl_s),
+    )

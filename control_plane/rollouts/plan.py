@@ -15,8 +15,8 @@ from control_plane.registry.store import get_version
 from control_plane.rollouts.events import CHUNK
 from control_plane.rollouts.manifests import build_manifest
 from control_plane.rollouts.spec import RolloutSpec, wave_bounds
+from control_plane.rollouts.states import ACTIVE, DeviceRolloutState, RolloutState
 
-ACTIVE = ("running", "paused", "rolling_back")
 """Rollout states that still act on their devices."""
 
 
@@ -64,7 +64,7 @@ async def plan_rollout(
         bake_time_s=spec.bake_time_s,
         device_timeout_s=spec.device_timeout_s,
         gates=spec.gates.model_dump(),
-        state="running",
+        state=RolloutState.RUNNING,
         current_wave=0,
         reason="",
         gate_report={},
@@ -81,10 +81,10 @@ async def plan_rollout(
         mv,
         sequence=sequence,
         base_url=artifact_base_url,
-        target={},
         rollout_id=f"rollout-{rollout.id}",
+        now=now,
         ttl_s=manifest_ttl_s,
-    )
+    ).model_dump(mode="json")
     bounds = wave_bounds(spec.waves, len(targets))
     for position, device in enumerate(targets[: bounds[-1]]):  # beyond the last wave: untouched
         wave = next(i for i, b in enumerate(bounds) if position < b)
@@ -95,7 +95,7 @@ async def plan_rollout(
                 device_id=device.id,
                 position=position,
                 wave=wave,
-                state="pending",
+                state=DeviceRolloutState.PENDING,
                 previous_version=served.get(spec.model),
                 previous_desired=device.desired.get(spec.model),
                 reason="",

