@@ -5,5 +5,6 @@
 - :mod:`.fleet`: fleet scale with a device simulator against a real broker and control plane.
 - :mod:`.startup`: cold against warm start with the compiled-model caches.
 
-``python -m benchmarks`` runs the suite and writes ``docs/benchmarks.md`` (README.md here).
+``python -m benchmarks`` runs the suite and writes ``docs/benchmarks.md`` and ``runs.md`` here
+(README.md says more).
 """

@@ -2,8 +2,10 @@
 
 Serving (agent with and without batching, raw ONNX Runtime, a plain FastAPI endpoint, MLServer),
 footprint, and fleet scale (``python -m benchmarks.fleet.fleet``, run as its own process when
-the control plane is installed), then the report. Run from the repository's root, where the
-``benchmarks`` package is (it is not in the wheel). ``--quick`` is a smoke run of every part.
+the control plane is installed), then the report: the page docs/benchmarks.md (goals, method,
+machine, how to rerun, plots) and every cell in benchmarks/runs.md. Run from the repository's
+root, where the ``benchmarks`` package is (it is not in the wheel). ``--quick`` is a smoke run
+of every part.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import shlex
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,13 @@ def _step(args: list[str]) -> None:
     default=Path("docs"),
     show_default=True,
     help="Where benchmarks.md and its plots go.",
+)
+@click.option(
+    "--runs",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("benchmarks/runs.md"),
+    show_default=True,
+    help="Where the tables of every cell go.",
 )
 @click.option(
     "--results",
@@ -63,6 +73,7 @@ def _step(args: list[str]) -> None:
 )
 def bench(
     out: Path,
+    runs: Path,
     results: Path,
     quick: bool,
     skip: tuple[str, ...],
@@ -70,8 +81,9 @@ def bench(
     duration: float,
     repeat: int,
 ) -> None:
-    """Run the benchmark suite and write docs/benchmarks.md."""
+    """Run the benchmark suite and write docs/benchmarks.md and benchmarks/runs.md."""
     results.mkdir(parents=True, exist_ok=True)
+    started = datetime.now(UTC)
     py = sys.executable
     serving, footprint, fleet = (results / f"{p}.json" for p in ("serving", "footprint", "fleet"))
     if quick:
@@ -104,10 +116,23 @@ def bench(
     from benchmarks.serving.report import render  # matplotlib: not at CLI start-up
 
     command = shlex.join(["python", "-m", "benchmarks", *sys.argv[1:]])
-    scaling = Path(__file__).parent / "fleet" / "SCALING.md"
-    extra = [scaling] if fleet.exists() and scaling.exists() else []
-    target = render(_load(serving), _load(footprint), _load(fleet), out, command, extra)
+    # a run's JSON records neither the commit nor the hours; a render of saved results has none
+    note = _provenance(started, datetime.now(UTC)) if len(set(skip)) < 3 else ""
+    target = render(_load(serving), _load(footprint), _load(fleet), out, command, runs, note)
     click.echo(target)
+    click.echo(runs)
+
+
+def _provenance(started: datetime, ended: datetime) -> str:
+    """``at <commit> on <day>, <start>-<end> UTC``; without the commit outside a git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        )
+        at = f"at {head.stdout.strip()} " if head.returncode == 0 else ""
+    except OSError:
+        at = ""
+    return f"{at}on {started:%Y-%m-%d, %H:%M}-{ended:%H:%M} UTC"
 
 
 def _load(path: Path) -> dict[str, Any] | None:

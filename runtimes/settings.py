@@ -28,13 +28,13 @@ class RuntimeSettings(BaseModel):
     allow_spinning: bool = False
     """ONNX Runtime: let idle intra-op threads spin for new work. Off by default: on the
     few cores of an edge device the spinning threads take the cycles the server's own event
-    loop needs (docs/benchmarks.md measures both), and they burn an idle device's power."""
+    loop needs (benchmarks/findings.md measures both), and they burn an idle device's power."""
 
     compute_nice_offset: int = Field(default=5, ge=0, le=19)
     """Nice steps below the event loop at which the inference threads run (Linux; 0 runs them
     alike). When the models keep the cores busy, the loop that reads requests, sheds load and
     answers health probes is then not preempted by them, and they take every cycle it leaves
-    (docs/benchmarks.md measures it). They also yield to other processes of the same priority
+    (benchmarks/findings.md measures it). They also yield to other processes of the same priority
     on the device, which is what a device running other work may want or may set to 0."""
 
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"

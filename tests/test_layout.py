@@ -57,9 +57,7 @@ def test_the_agent_loads_no_control_plane_module() -> None:
 
 @pytest.mark.parametrize("side", ["agent", "control_plane", "benchmarks"])
 def test_the_shared_kernel_loads_neither_side(side: str) -> None:
-    kernel = [
-        f"common.{p.stem}" for p in (ROOT / "common").glob("*.py") if p.stem != "__init__"
-    ]
+    kernel = [f"common.{p.stem}" for p in (ROOT / "common").glob("*.py") if p.stem != "__init__"]
     kernel += [f"common.protocol.{p.stem}" for p in (ROOT / "common" / "protocol").glob("*.py")]
     loaded = loaded_packages(*kernel)
     assert "common.protocol.verify" in loaded and "common.cli" in loaded

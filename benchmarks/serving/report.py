@@ -1,4 +1,9 @@
-"""Render the benchmark results (JSON) into ``docs/benchmarks.md`` and PNG plots.
+"""Render a run's results (JSON) into the page ``docs/benchmarks.md`` and the run's full tables.
+
+The page is what a user reads: the goals with the run's figures, the method, the machine, how
+to rerun, and the plots (PNG, beside it under ``docs/benchmarks/``). The tables of every cell
+go to ``benchmarks/runs.md``, beside the lab notebook (``benchmarks/findings.md``), which holds
+what the figures meant and what changed for them::
 
     python -m benchmarks.serving.report --serving bench-serving.json \\
         --footprint bench-footprint.json --fleet bench-fleet.json --out docs
@@ -8,18 +13,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
-import statistics
-from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from benchmarks.serving import plots
 from benchmarks.serving.goals import Goal, evaluate, lean_reference
-from benchmarks.serving.tables import fleet_section, md_table, num
+from benchmarks.serving.method import method_section, rerun_section
+from benchmarks.serving.tables import fleet_section, footprint_section, md_table, serving_section
 
-NOTES = Path(__file__).with_name("findings.md")
+BENCHMARKS = Path(__file__).resolve().parents[1]
+NOTEBOOK = BENCHMARKS / "findings.md"
+SCALING = BENCHMARKS / "fleet" / "SCALING.md"
+RUNS = Path("benchmarks") / "runs.md"
+"""Where the run's full tables go by default, from the repository's root."""
 
 
 def machine() -> dict[str, str]:
@@ -37,8 +46,6 @@ def machine() -> dict[str, str]:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             versions[dist] = "-"
-    import os
-
     return {
         "cpu": cpu,
         "cores": str(os.cpu_count()),
@@ -48,146 +55,30 @@ def machine() -> dict[str, str]:
     }
 
 
-def serving_section(serving: dict[str, Any], images: Path, rel: str) -> list[str]:
-    out = [
-        "## Serving",
-        "",
-        f"Closed-loop load of one-row requests for {serving['duration_s']:g} s per cell, "
-        f"{serving['repeat']} repetitions in rotated order; medians. `json` is V2 JSON, `binary` "
-        "is V2 with Triton's binary tensor extension (the agent, and `lean`, the leanest Python "
-        "server of the V2 infer route, for scale; MLServer has no binary extension and the "
-        "plain endpoint is JSON as users write it). CPU is the server's process "
-        "tree (MLServer's workers included), per successful inference.",
-        "",
-    ]
-    for m in serving["models"]:
-        model = m["model"]
-        raw = m["raw"]
-        raw_rps = statistics.median(raw["runs_rows_per_s"])
-        out += [
-            f"### `{model}`",
-            "",
-            f"Raw ONNX Runtime in-process, best batch size {raw['best_batch']}"
-            f"{_sessions(raw.get('best_instances', 1))}: "
-            f"**{raw_rps:.0f} rows/s** (median of {len(raw['runs_rows_per_s'])}).",
-            "",
-        ]
-        if m.get("agent_config"):
-            config = m["agent_config"].strip().replace("\n", "; ")
-            said = f"The agent's model configuration: `{config}`"
-            if m.get("nobatch_config"):
-                nobatch = m["nobatch_config"].strip().replace("\n", "; ")
-                said += f"; without batching (`agent-nobatch`): `{nobatch}`"
-            out += [said + ".", ""]
-        for name, params in m.get("agent_parameters", {}).items():
-            tuning = params.get("batch_tuning")
-            if tuning:
-                rates = ", ".join(f"{r:,.0f} at {b}" for b, r in tuning["rows_per_s"].items())
-                chose = (
-                    "no batching"
-                    if tuning["max_batch_size"] == 1
-                    else f"batches of up to {tuning['max_batch_size']} rows"
-                )
-                out += [
-                    f"`{name}` measured at load (`[batching] tune`, {tuning['elapsed_s']:.2f} s)"
-                    f" rows/s of {rates} rows, and served with {chose}.",
-                    "",
-                ]
-        concs = sorted({c["concurrency"] for c in m["cells"]})
-        rows = []
-        for system, body in sorted({(c["system"], c["body"]) for c in m["cells"]}):
-            line = [f"{system} ({body})"]
-            for conc in concs:
-                cell = _cell(m, system, body, conc)
-                line.append(num(_median(cell, "requests_per_s"), 0) if cell else "-")
-            rows.append(line)
-        out += ["Throughput (successful requests/s) by concurrency:", ""]
-        out += md_table(["system", *[f"c={c}" for c in concs]], rows)
-        for conc in concs:
-            rows = []
-            for system, body in sorted({(c["system"], c["body"]) for c in m["cells"]}):
-                cell = _cell(m, system, body, conc)
-                if cell is None:
-                    continue
-                rows.append(
-                    [f"{system} ({body})"]
-                    + [num(_median(cell, k), 1) for k in ("p50_ms", "p95_ms", "p99_ms")]
-                    + [num(_median(cell, "server_cpu_ms_per_inference"), 2)]
-                    + [num(_median(cell, "mean_batch_rows"), 1)]
-                    + [num(_median(cell, k), 2) for k in ("server_cpu_cores", "client_cpu_cores")]
-                    + [_errors(cell)]
-                )
-            header = [
-                "system",
-                "p50 ms",
-                "p95 ms",
-                "p99 ms",
-                "CPU ms/inf",
-                "mean batch",
-                "server cores",
-                "client cores",
-                "non-200",
-            ]
-            out += ["", f"Concurrency {conc}:", ""] + md_table(header, rows)
-        for name in plots.serving_plots(m, images):
-            out += ["", f"![{name}]({rel}/{name})"]
-        over = m.get("overload")
-        if over:
-            out += [
-                "",
-                f"Overload, concurrency {over['concurrency']} for {over['duration_s']:g} s "
-                f"(binary): statuses {over['statuses']}, connection errors {over['errors']}; "
-                f"RSS idle {over['idle_rss_mb']:.0f} MB, peak {over['max_rss_mb']:.0f} MB; "
-                f"afterwards at concurrency 1: {over['after_statuses']}, "
-                f"p50 {over['after_p50_ms']:.1f} ms.",
-            ]
-        out.append("")
-    return out
-
-
-def _cell(m: dict[str, Any], system: str, body: str, conc: int) -> dict[str, Any] | None:
-    for c in m["cells"]:
-        if (c["system"], c["body"], c["concurrency"]) == (system, body, conc):
-            return dict(c)
-    return None
-
-
-def _median(cell: dict[str, Any], key: str) -> float | None:
-    values = [r[key] for r in cell["runs"] if r.get(key) is not None]
-    return statistics.median(values) if values else None
-
-
-def _errors(cell: dict[str, Any]) -> str:
-    bad = sum(n for r in cell["runs"] for s, n in r["statuses"].items() if s != "200")
-    bad += sum(r["errors"] for r in cell["runs"])
-    return str(bad)
-
-
-def footprint_section(footprint: dict[str, Any]) -> list[str]:
-    rows = [
-        [
-            name,
-            num(v["idle_rss_mb"], 0),
-            num(v["start_to_first_inference_s"], 2),
-            str(int(v["processes"])),
-        ]
-        for name, v in footprint["summary"].items()
-    ]
-    return [
-        "## Footprint",
-        "",
-        f"`mlp` loaded, medians of {footprint['repeat']} starts; start-up is from spawning the "
-        "process to the first successful inference (polled every 20 ms). The agent cold start "
-        "has an empty compiled-model cache, the warm one reuses it.",
-        "",
-        *md_table(["system", "idle RSS MB", "start to first inference s", "processes"], rows),
-        "",
-    ]
-
-
 def goals_section(goals: list[Goal]) -> list[str]:
     rows = [[g.name, g.target, g.measured, "met" if g.met else "**missed**"] for g in goals]
     return ["## Goals", "", *md_table(["goal", "target", "measured", ""], rows), ""]
+
+
+def plots_section(serving: dict[str, Any], images: Path, rel: str) -> list[str]:
+    out = [
+        "## Plots",
+        "",
+        "Medians of the repetitions: throughput by concurrency, raw ONNX Runtime's best as a "
+        "dashed line; latency percentiles at concurrency 32; the sizes of the agent's batches "
+        "(binary bodies), from its own histogram.",
+        "",
+    ]
+    for m in serving["models"]:
+        out += [f"### `{m['model']}`", ""]
+        for name in plots.serving_plots(m, images):
+            out += [f"![{name}]({rel}/{name})", ""]
+    return out
+
+
+def _link(target: Path, start: Path) -> str:
+    """``target`` relative to the folder ``start``, as a markdown link is read."""
+    return Path(os.path.relpath(target.resolve(), start.resolve())).as_posix()
 
 
 def render(
@@ -196,42 +87,86 @@ def render(
     fleet: dict[str, Any] | None,
     out: Path,
     command: str,
-    extra: Sequence[Path] = (),
+    runs: Path,
+    note: str = "",
 ) -> Path:
-    """Write ``out/benchmarks.md`` and its plots; ``extra`` are markdown files appended (the
-    fleet benchmark's scaling notes)."""
+    """Write the page ``out/benchmarks.md`` with its plots under ``out/benchmarks/``, and the
+    run's full tables to ``runs``; returns the page. ``note`` follows the command: what the
+    JSON does not record (the commit, the hours of the run)."""
     images = out / "benchmarks"
     images.mkdir(parents=True, exist_ok=True)
-    info = machine()
+    runs.parent.mkdir(parents=True, exist_ok=True)
+    page = out / "benchmarks.md"
+    ran = f"Command: `{command}`" + (f" {note}" if note else "") + "."
+    lines = _page(serving, footprint, fleet, ran, images, _link(runs, out))
+    page.write_text("\n".join(lines).rstrip() + "\n")
+    full = [
+        "# Benchmark runs: every cell",
+        "",
+        "The latest run of `python -m benchmarks` in full, medians of its repetitions. Its "
+        f"goals, method, machine and plots are on [docs/benchmarks.md]({_link(page, runs.parent)});"
+        " what the figures meant, what changed for them and the notes of the runs are in the "
+        f"lab notebook, [findings.md]({_link(NOTEBOOK, runs.parent)}). Written by "
+        "`benchmarks/serving/report.py` with the page: change the generator, not this file.",
+        "",
+        ran,
+        "",
+    ]
+    if serving:
+        full += serving_section(serving)
+    if footprint:
+        full += footprint_section(footprint)
+    if fleet:
+        full += fleet_section(fleet)
+    runs.write_text("\n".join(full).rstrip() + "\n")
+    return page
+
+
+def _page(
+    serving: dict[str, Any] | None,
+    footprint: dict[str, Any] | None,
+    fleet: dict[str, Any] | None,
+    ran: str,
+    images: Path,
+    runs_link: str,
+) -> list[str]:
+    """The page: goals, method, machine, how to rerun, plots (written under ``images``)."""
+    out = images.parent
     lines = [
         "# Benchmarks",
         "",
-        "Generated by `edgefleet bench`; every comparison is a ratio of figures measured side "
-        "by side in the same run on the same machine. Absolute numbers on a shared 2-core "
-        "machine mean little; the ratios are the result.",
+        "The agent against the strongest baseline, raw ONNX Runtime in-process, and against "
+        "the servers a user would otherwise run (a plain FastAPI endpoint, MLServer); its "
+        "footprint; and the control plane under a simulated fleet. Every comparison is a ratio "
+        "of figures measured side by side in the same run on the same machine. Absolute "
+        "numbers on a shared 2-core machine mean little; the ratios are the result.",
         "",
-        f"Command: `{command}`",
+        "Generated by `python -m benchmarks` (`benchmarks/serving/report.py`). Every cell of "
+        f"the run is in [benchmarks/runs.md]({runs_link}); what profiling found, what "
+        "changed and the notes of the runs are in the lab notebook, "
+        f"[benchmarks/findings.md]({_link(NOTEBOOK, out)}); how the fleet scales past one "
+        f"machine in [benchmarks/fleet/SCALING.md]({_link(SCALING, out)}).",
         "",
-        *md_table(["", ""], [[k, v] for k, v in info.items()]),
+        ran,
         "",
         *goals_section(evaluate(serving, footprint, fleet)),
     ]
     reference = lean_reference(serving) if serving else None
     if reference:
         lines += [reference, ""]
-    if NOTES.exists():
-        lines += [NOTES.read_text().strip(), ""]
+    lines += method_section(serving, footprint, fleet)
+    lines += [
+        "## Machine",
+        "",
+        "As the report found it; `python -m benchmarks` renders right after the run.",
+        "",
+        *md_table(["", ""], [[k, v] for k, v in machine().items()]),
+        "",
+    ]
+    lines += rerun_section()
     if serving:
-        lines += serving_section(serving, images, "benchmarks")
-    if footprint:
-        lines += footprint_section(footprint)
-    if fleet:
-        lines += fleet_section(fleet)
-    for path in extra:
-        lines += [path.read_text().strip(), ""]
-    target = out / "benchmarks.md"
-    target.write_text("\n".join(lines).rstrip() + "\n")
-    return target
+        lines += plots_section(serving, images, images.name)
+    return lines
 
 
 def _load(path: Path | None) -> dict[str, Any] | None:
@@ -247,17 +182,21 @@ def main() -> None:
     parser.add_argument("--footprint", type=Path)
     parser.add_argument("--fleet", type=Path)
     parser.add_argument("--out", type=Path, default=Path("docs"))
-    parser.add_argument("--command", default="edgefleet bench")
+    parser.add_argument("--runs", type=Path, default=RUNS, help="where every cell goes")
+    parser.add_argument("--command", default="python -m benchmarks")
+    parser.add_argument("--note", default="", help="after the command: commit, hours, host")
     args = parser.parse_args()
     target = render(
-        _load(args.serving), _load(args.footprint), _load(args.fleet), args.out, args.command
+        _load(args.serving),
+        _load(args.footprint),
+        _load(args.fleet),
+        args.out,
+        args.command,
+        args.runs,
+        args.note,
     )
     print(target)
 
 
 if __name__ == "__main__":
     main()
-
-
-def _sessions(instances: int) -> str:
-    return "" if instances == 1 else f", {instances} sessions side by side"

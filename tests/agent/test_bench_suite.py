@@ -4,6 +4,7 @@ batch statistics read back from the agent, and the report with its goals and plo
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 from pathlib import Path
@@ -46,8 +47,13 @@ def test_measure_agent_and_plain_endpoint_side_by_side(example_repo: Path, tmp_p
 
 def _serving(agent_rps: float | list[float], fastapi_rps: float | list[float]) -> dict[str, object]:
     def cell(system: str, body: str, conc: int, rps: float | list[float]) -> dict[str, object]:
-        return {"model": "mlp", "system": system, "body": body, "concurrency": conc,
-                "runs": [run(r) for r in (rps if isinstance(rps, list) else [rps])]}  # fmt: skip
+        return {
+            "model": "mlp",
+            "system": system,
+            "body": body,
+            "concurrency": conc,
+            "runs": [run(r) for r in (rps if isinstance(rps, list) else [rps])],
+        }
 
     def run(rps: float) -> dict[str, object]:
         return {
@@ -75,13 +81,26 @@ def _serving(agent_rps: float | list[float], fastapi_rps: float | list[float]) -
         "repeat": 1,
         "concurrency": [32],
         "models": [
-            {"model": "mlp", "raw": raw, "cells": cells, "overload": None, "agent_parameters": {
-                "agent": {"batched": False, "max_batch_size": 1, "batch_tuning": {
-                    "max_batch_size": 1, "rows_per_s": {"1": 163.0, "2": 156.1},
-                    "elapsed_s": 0.127}},
-                "agent-nobatch": {"batched": False, "max_batch_size": 1}}}
+            {
+                "model": "mlp",
+                "raw": raw,
+                "cells": cells,
+                "overload": None,
+                "agent_parameters": {
+                    "agent": {
+                        "batched": False,
+                        "max_batch_size": 1,
+                        "batch_tuning": {
+                            "max_batch_size": 1,
+                            "rows_per_s": {"1": 163.0, "2": 156.1},
+                            "elapsed_s": 0.127,
+                        },
+                    },
+                    "agent-nobatch": {"batched": False, "max_batch_size": 1},
+                },
+            }
         ],
-    }  # fmt: skip
+    }
 
 
 def test_goals_compare_figures_of_the_same_run() -> None:
@@ -132,7 +151,9 @@ def test_the_cnn_goal_compares_with_raw_measured_around_each_run() -> None:
     assert [g.name for g in evaluate(serving, None, None)] == list(goals)  # not a goal
 
 
-def test_report_writes_tables_and_plots(tmp_path: Path) -> None:
+def test_report_writes_the_page_and_every_cell_apart(tmp_path: Path) -> None:
+    """The page gives the goals, the method, the machine, how to rerun and the plots; the
+    tables of every cell go to the runs file, which the page links to, and not on the page."""
     footprint = {
         "repeat": 1,
         "summary": {
@@ -140,22 +161,43 @@ def test_report_writes_tables_and_plots(tmp_path: Path) -> None:
             "fastapi": {"idle_rss_mb": 100.0, "start_to_first_inference_s": 1.0, "processes": 1},
         },
     }
-    target = render(_serving(300, 100), footprint, None, tmp_path, "edgefleet bench --quick")
-    text = target.read_text()
+    docs, runs = tmp_path / "docs", tmp_path / "benchmarks" / "runs.md"
+    serving = _serving(300, 100)
+    target = render(serving, footprint, None, docs, "python -m benchmarks --quick", runs, "at abc")
+    page, cells = target.read_text(), runs.read_text()
+    assert target == docs / "benchmarks.md"
     assert (
         "| idle RSS with mlp: agent / plain FastAPI | <= 1.2 x | 1.10 x (110 vs 100 MB) | met |"
-        in text
+        in page
     )
-    assert "| agent (json) | 300 |" in text
+    assert "Command: `python -m benchmarks --quick` at abc." in page.splitlines()
+    headings = [line for line in page.splitlines() if line.startswith("## ")]
+    assert headings == [
+        "## Goals",
+        "## Method",
+        "## Machine",
+        "## How to rerun",
+        "## Plots",
+    ]
+    # the method says what the run measured: its concurrency, cell length and repetitions
+    assert "at concurrency 32, 1 s per cell, 1 repetitions" in page
+    assert f"| cores | {os.cpu_count()} |" in page
+    assert "python -m benchmarks.serving.suite --models cnn" in page
+    assert "[benchmarks/runs.md](../benchmarks/runs.md)" in page
+    # every cell is in the runs file, and the page holds none of the cells' tables
+    assert "| agent (json) | 300 |" in cells and "| agent (json) | 300 |" not in page
+    assert "| agent (binary) | 10.0 | 20.0 | 40.0 | 1.00 | 4.0 | 1.00 | 0.10 | 0 |" in cells
+    assert "| agent-cold | 110 | 1.50 | 1 |" in cells
+    assert "[docs/benchmarks.md](../docs/benchmarks.md)" in cells
     # what [batching] tune measured at load, and what the agent served with
     assert (
         "`agent` measured at load (`[batching] tune`, 0.13 s) rows/s of 163 at 1, 156 at 2 rows, "
-        "and served with no batching." in text
+        "and served with no batching." in cells
     )
     for name in ("throughput-mlp.png", "latency-mlp.png", "batches-mlp.png"):
-        png = tmp_path / "benchmarks" / name
+        png = docs / "benchmarks" / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert f"(benchmarks/{name})" in text
+        assert f"(benchmarks/{name})" in page and name not in cells
 
 
 def test_the_raw_line_names_its_sessions_and_batch() -> None:
@@ -166,15 +208,18 @@ def test_the_raw_line_names_its_sessions_and_batch() -> None:
 
 
 def test_bench_command_renders_saved_results(tmp_path: Path) -> None:
-    """``edgefleet bench`` with every part skipped renders the results it finds."""
-    from benchmarks.serving.run import bench
+    """``python -m benchmarks`` with every part skipped renders the results it finds: the page
+    and the runs file, with no commit or hours for a run it did not make."""
     from click.testing import CliRunner
+
+    from benchmarks.run import bench
 
     results = tmp_path / "results"
     results.mkdir()
     (results / "serving.json").write_text(json.dumps(_serving(300, 100)))
-    out = tmp_path / "docs"
-    args = ["--out", str(out), "--results", str(results), "--duration", "1", "--repeat", "1"]
+    out, runs = tmp_path / "docs", tmp_path / "runs.md"
+    args = ["--out", str(out), "--runs", str(runs), "--results", str(results)]
+    args += ["--duration", "1", "--repeat", "1"]
     args += ["--skip", "serving", "--skip", "footprint", "--skip", "fleet"]
     result = CliRunner().invoke(bench, args)
     assert result.exit_code == 0, result.output
@@ -183,6 +228,9 @@ def test_bench_command_renders_saved_results(tmp_path: Path) -> None:
         "| mlp, JSON V2, c=32: agent / plain FastAPI | >= 2 x | 3.00 x (within repetitions 3.00; "
         "medians 300 vs 100 req/s, 3.00 x) | met |" in text
     )
+    command = next(line for line in text.splitlines() if line.startswith("Command: "))
+    assert command.endswith("`.") and "UTC" not in command  # no commit or hours after it
+    assert "| fastapi (json) | 100 |" in runs.read_text()
 
 
 def test_a_model_config_reaches_both_agents_and_raw_runs_sessions_side_by_side(
