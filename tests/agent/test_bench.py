@@ -23,8 +23,9 @@ def test_loadgen_drives_a_real_agent_and_reports(example_repo: Path, tmp_path: P
     body, headers = binary_request(np.zeros((1, 256), np.float32))
     (tmp_path / "body.bin").write_bytes(body)
     with serve(repo) as agent:
-        args = [sys.executable, "-m", "benchmarks.serving.loadgen", "--url", f"{agent.url}/v2/models/mlp/infer",
-                "--body", str(tmp_path / "body.bin"), "-c", "4", "-d", "1"]  # fmt: skip
+        url = f"{agent.url}/v2/models/mlp/infer"
+        args = [sys.executable, "-m", "benchmarks.serving.loadgen", "--url", url]
+        args += ["--body", str(tmp_path / "body.bin"), "-c", "4", "-d", "1"]
         for h in headers:
             args += ["--header", h]
         out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=60)
@@ -59,10 +60,8 @@ def test_ab_runs_each_variant_against_raw_between_runs() -> None:
             ' "env": {"EDGEFLEET_AGENT_MAX_CONCURRENT_REQUESTS": "1"}}'
         ),
     ]
-    report = compare(
-        variants, model="mlp", body="json", concurrency=4, duration_s=0.5, pairs=2,
-        raw_instances=1, raw_batch=1,
-    )  # fmt: skip
+    load = {"model": "mlp", "body": "json", "concurrency": 4, "duration_s": 0.5, "pairs": 2}
+    report = compare(variants, **load, raw_instances=1, raw_batch=1)
     first, second = report["variants"]
     raws = [r["raw_around_rows_per_s"] for v in (first, second) for r in v["runs"]]
     assert len(first["runs"]) == len(second["runs"]) == 2 and all(a > 0 and b > 0 for a, b in raws)
@@ -93,8 +92,9 @@ def test_call_count_counts_the_event_loops_calls_per_request() -> None:
     report = count_calls("mlp", "json", 2, 1.0, "", top=400)
     assert report["requests"] > 0
     functions = report["by_function"]
-    decoded = [n for name, n in functions.items() if name.startswith("v2_codec.py:") and
-               name.endswith(":decode_request")]  # fmt: skip
+    decode = ["v2_codec.py", "decode_request"]
+    # names are file:line:function
+    decoded = [n for name, n in functions.items() if name.split(":")[::2] == decode]
     assert decoded and decoded[0] >= 1.0
     assert not any(name.endswith(":run_batch") for name in functions)  # an instance's thread
     assert 50 < report["calls_per_request"] < 5000
