@@ -176,7 +176,7 @@ def test_unpacked_venv_runs_from_a_scratch_directory(package: Package, tmp_path:
         "cli.*.pyc"
     )
     code = marshal.loads(pyc.read_bytes()[16:])
-    assert code.co_filename == f"/{VENV}/lib/python{python_minor()}/site-packages/common/cli.py"
+    assert code.co_filename == f"/{VENV}/lib/python{python_minor()}/site-packages/agent/cli.py"
 
 
 def test_unpacked_agent_starts_as_the_unit_runs_it(
