@@ -86,6 +86,10 @@ class ControlPlaneSettings(BaseSettings):
     15,000 messages/s, 1 s batches held the control plane at 0.39-0.46 of a core while the
     tables grew, where 0.2 s ones climbed from 0.57 to 0.86. An event or status in the batch
     cuts the wait to ``ingest_max_delay_s``."""
+    telemetry_ack_interval_s: float = Field(default=10.0, gt=0)
+    """How often each device is told which of its telemetry messages are stored (one message
+    per device with news, ranges of sequence numbers): the device keeps each message until
+    then, so this stays well under its ``fleet.telemetry_resend_s``."""
     mqtt_broker_inflight: int = Field(default=20, ge=1, le=65535)
     """Unacknowledged QoS 1 messages the broker sends the control plane at once: the Receive
     Maximum it asks for, and Mosquitto also holds it to its ``max_inflight_messages`` (20 by

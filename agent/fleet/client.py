@@ -9,6 +9,7 @@ the broker is away; they are drained in order once it is back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -40,6 +41,7 @@ from common.protocol.messages import (
     DeviceStatus,
     ServedModel,
     Telemetry,
+    TelemetryAck,
     UpdateEvent,
     UpdateState,
 )
@@ -111,6 +113,8 @@ class FleetClient:
             settings.state_dir / "outbox.sqlite3",
             max_bytes=settings.outbox_max_bytes,
             max_age_s=settings.outbox_max_age_s,
+            resend_s=settings.telemetry_resend_s,
+            resend_max_s=settings.telemetry_resend_max_s,
         )
         self.identity = device_identity(settings, hardware)
         self.updater = Updater(
@@ -210,9 +214,14 @@ class FleetClient:
         await uncancelled(client.subscribe(topics.trust, qos=1))
         await uncancelled(
             client.subscribe(
-                [(topics.desired(self.device_id), 1), (topics.commands(self.device_id), 1)]
+                [
+                    (topics.desired(self.device_id), 1),
+                    (topics.commands(self.device_id), 1),
+                    (topics.acks(self.device_id), 1),
+                ]
             )
         )
+        self.outbox.reconnected()
         self._status_dirty = True
         self.connected.set()
         log.info("connected to the broker", extra={"device_id": self.device_id})
@@ -322,7 +331,8 @@ class FleetClient:
 
     async def _drain(self, client: aiomqtt.Client) -> None:
         """Publish the status when it changed, then the outbox oldest first; a row leaves the
-        outbox only once the broker acknowledged it."""
+        outbox once the broker acknowledged it (an event) or the control plane stored it
+        (telemetry, see :mod:`agent.fleet.outbox`)."""
         while True:
             self._wake.clear()
             if self._status_dirty:
@@ -339,9 +349,12 @@ class FleetClient:
             batch = self.outbox.oldest(64)
             for item in batch:
                 await uncancelled(client.publish(item.topic, item.payload, qos=1, timeout=10))
-                self.outbox.ack([item.id])
+                self.outbox.published([item])
             if not batch and not self._status_dirty:
-                await self._wake.wait()
+                # woken by new messages, or when a sent one is due again
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.outbox.next_due_s()):
+                        await self._wake.wait()
 
     # -- incoming -------------------------------------------------------------------------
 
@@ -366,6 +379,8 @@ class FleetClient:
                     self._on_desired(payload)
                 elif topic == self.topics.commands(self.device_id):
                     self._on_command(payload)
+                elif topic == self.topics.acks(self.device_id):
+                    self._on_ack(payload)
                 elif topic == self.topics.trust:
                     self._on_trust(payload)
                 else:
@@ -464,6 +479,17 @@ class FleetClient:
     def _converged(self, model: str | None, sequence: int | None) -> bool:
         ms = self.state.models.get(model or "")
         return ms is not None and sequence in (ms.committed_sequence, ms.failed_sequence)
+
+    def _on_ack(self, payload: bytes) -> None:
+        try:
+            ack = TelemetryAck.model_validate_json(payload)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "message"
+            raise ProtocolError(Rejection.MALFORMED, f"{where}: {first['msg']}") from None
+        if ack.device_id != self.device_id:
+            raise ProtocolError(Rejection.WRONG_TARGET, f"acknowledgement for {ack.device_id}")
+        self.outbox.acknowledge_telemetry(ack.seqs)
 
     def _on_command(self, payload: bytes) -> None:
         command = verify_command(payload, self.trust, self.device_id, datetime.now(UTC))

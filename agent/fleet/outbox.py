@@ -1,9 +1,15 @@
 """Telemetry and events waiting for the broker, on disk (SQLite), bounded and ordered.
 
 Everything the device reports goes through here first, connected or not, so a restart or a
-broker outage loses nothing that fits in the bounds. Rows leave only when the broker
-acknowledged them (QoS 1 PUBACK). Past ``max_bytes`` or ``max_age_s`` the oldest telemetry
-goes first (events only if telemetry alone cannot make room), and every drop is counted.
+broker outage loses nothing that fits in the bounds. An event leaves once the broker
+acknowledged it (QoS 1 PUBACK). A telemetry message leaves once the control plane says it
+stored it (:class:`~common.protocol.messages.TelemetryAck`): a broker that restarts without
+its state acknowledges messages it then delivers to no one. Until then it is sent again after
+every reconnect, and while connected after ``resend_s`` (doubling per try, up to
+``resend_max_s``). A device whose control plane never acknowledged anything (one older than
+the acknowledgements) keeps the broker's PUBACK for telemetry too. Past ``max_bytes`` or
+``max_age_s`` the oldest telemetry goes first (events only if telemetry alone cannot make
+room), and every drop is counted.
 
 Storage failures (a full disk, an I/O error) never reach the caller: a message that cannot be
 stored is counted as dropped, in memory until a write succeeds again, and an acknowledgement
@@ -29,10 +35,15 @@ CREATE TABLE IF NOT EXISTS outbox (
     topic TEXT NOT NULL,
     payload BLOB NOT NULL,
     kind TEXT NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    seq INTEGER
 );
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
+
+
+ACKS_SEEN = "acks_seen"
+"""Counter set once the control plane acknowledged telemetry: from then on it is awaited."""
 
 
 @dataclass(frozen=True)
@@ -40,10 +51,20 @@ class Pending:
     id: int
     topic: str
     payload: bytes
+    seq: int | None = None
+    """The telemetry sequence number (None for events, and rows older than this column)."""
 
 
 class Outbox:
-    def __init__(self, path: Path, *, max_bytes: int, max_age_s: float) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_bytes: int,
+        max_age_s: float,
+        resend_s: float = 60.0,
+        resend_max_s: float = 900.0,
+    ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Used from one event loop at a time; the loop may run in another thread than the
         # one that built the outbox (tests serve in a thread).
@@ -52,8 +73,17 @@ class Outbox:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(outbox)")}
+        if "seq" not in columns:  # an outbox written before telemetry was acknowledged
+            self._db.execute("ALTER TABLE outbox ADD COLUMN seq INTEGER")
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
+        self.resend_s = resend_s
+        self.resend_max_s = resend_max_s
+        self._awaiting: dict[int, tuple[float, int]] = {}
+        """Telemetry rows sent and not yet acknowledged by the control plane: id -> (when it is
+        due again, on the monotonic clock; how many times it was sent)."""
+        self._end_to_end = self._counter(ACKS_SEEN) > 0
         self._unstored: dict[str, int] = {}
         """Messages per kind the storage refused, not yet added to the stored counters."""
         self._acked: set[int] = set()
@@ -138,8 +168,9 @@ class Outbox:
                     (f"seq_{kind}", seq),
                 )
                 self._db.execute(
-                    "INSERT INTO outbox (topic, payload, kind, created) VALUES (?, ?, ?, ?)",
-                    (topic, make(seq), kind, now),
+                    "INSERT INTO outbox (topic, payload, kind, created, seq) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (topic, make(seq), kind, now, seq),
                 )
                 self._trim(now)
         except sqlite3.Error as exc:
@@ -167,6 +198,15 @@ class Outbox:
                 self._db.execute("DELETE FROM outbox WHERE id = ?", (row[0],))
                 self._count_dropped(kind, 1)
                 size -= row[1]
+        if self._awaiting:  # forget what the bounds dropped
+            kept = {
+                i
+                for (i,) in self._db.execute(
+                    "SELECT id FROM outbox WHERE id >= ?", (min(self._awaiting),)
+                )
+            }
+            for gone in [i for i in self._awaiting if i not in kept]:
+                del self._awaiting[gone]
 
     def _count_dropped(self, kind: str, n: int) -> None:
         self._db.execute(
@@ -176,17 +216,88 @@ class Outbox:
         )
 
     def oldest(self, limit: int) -> list[Pending]:
+        """The oldest rows to send now: not acknowledged, and not sent and awaiting the control
+        plane's acknowledgement unless that is overdue."""
+        now = time.monotonic()
+        waiting = {i for i, (due, _) in self._awaiting.items() if due > now}
         rows = self._db.execute(
-            "SELECT id, topic, payload FROM outbox ORDER BY id LIMIT ?",
-            (limit + len(self._acked),),
+            "SELECT id, topic, payload, seq FROM outbox ORDER BY id LIMIT ?",
+            (limit + len(self._acked) + len(waiting),),
         )
-        pending = [Pending(i, t, bytes(p)) for i, t, p in rows.fetchall() if i not in self._acked]
+        skip = self._acked | waiting
+        pending = [
+            Pending(i, t, bytes(p), seq) for i, t, p, seq in rows.fetchall() if i not in skip
+        ]
         return pending[:limit]
+
+    def published(self, items: list[Pending]) -> None:
+        """The broker acknowledged ``items``: events (and telemetry, until the control plane
+        acknowledges any) leave; telemetry waits for the control plane's acknowledgement."""
+        now = time.monotonic()
+        done = []
+        for item in items:
+            if self._end_to_end and item.seq is not None:
+                sent = self._awaiting.get(item.id, (0.0, 0))[1] + 1
+                wait = min(self.resend_max_s, self.resend_s * 2 ** (sent - 1))
+                self._awaiting[item.id] = (now + wait, sent)
+            else:
+                done.append(item.id)
+        if done:
+            self.ack(done)
+
+    def acknowledge_telemetry(self, ranges: list[tuple[int, int]]) -> int:
+        """The control plane stored these telemetry sequence numbers: their rows leave.
+
+        Returns:
+            How many rows left.
+        """
+        ids: list[int] = []
+        try:
+            for first, last in ranges:
+                ids += [
+                    i
+                    for (i,) in self._db.execute(
+                        "SELECT id FROM outbox WHERE kind = 'telemetry' AND seq BETWEEN ? AND ?",
+                        (first, last),
+                    )
+                ]
+        except sqlite3.Error as exc:
+            self._refused(exc, "ack")
+        for i in ids:
+            self._awaiting.pop(i, None)
+        if not self._end_to_end:
+            self._end_to_end = True
+            with contextlib.suppress(sqlite3.Error):
+                with self._transaction():
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO counters (name, value) VALUES (?, 1)",
+                        (ACKS_SEEN,),
+                    )
+        self.ack(ids)
+        return len(ids)
+
+    def reconnected(self) -> None:
+        """A new broker session: what awaits the control plane's acknowledgement is sent again
+        now (a broker that lost its state lost it too), each later wait still doubling."""
+        self._awaiting = {i: (0.0, sent) for i, (_, sent) in self._awaiting.items()}
+
+    def next_due_s(self) -> float | None:
+        """Seconds until a sent row is due to be sent again, None if none awaits."""
+        if not self._awaiting:
+            return None
+        return max(0.0, min(due for due, _ in self._awaiting.values()) - time.monotonic())
+
+    @property
+    def end_to_end(self) -> bool:
+        """Telemetry leaves on the control plane's acknowledgement, not the broker's."""
+        return self._end_to_end
 
     def ack(self, ids: list[int]) -> None:
         """Forget rows the broker acknowledged. If the storage refuses the delete, they are
         remembered and deleted with the next write that succeeds."""
         self._acked.update(ids)
+        for i in ids:
+            self._awaiting.pop(i, None)
         try:
             with self._transaction():
                 pass  # the delete is in what every successful transaction settles
@@ -210,9 +321,10 @@ class Outbox:
         )
 
     def last_seq(self, kind: str) -> int:
-        row = self._db.execute(
-            "SELECT value FROM counters WHERE name = ?", (f"seq_{kind}",)
-        ).fetchone()
+        return self._counter(f"seq_{kind}")
+
+    def _counter(self, name: str) -> int:
+        row = self._db.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
         return int(row[0]) if row else 0
 
     def dropped(self, kind: str) -> int:

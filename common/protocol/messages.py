@@ -6,6 +6,7 @@ published by the device under its own topics, which the broker's ACL protects.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -257,6 +258,38 @@ class Telemetry(_Message):
     """Telemetry messages dropped from the offline buffer (bounds reached) since start."""
 
 
+MAX_ACK_RANGES = 1024
+"""Ranges in one acknowledgement; more go in the next message."""
+
+
+class TelemetryAck(_Message):
+    """Fleet to device, on the device's acks topic (QoS 1): the telemetry sequence numbers the
+    control plane has stored. The device's outbox keeps each telemetry message until one of
+    these covers it, and sends it again otherwise (docs/protocol.md, "Telemetry delivery")."""
+
+    device_id: str
+    seqs: list[tuple[int, int]] = Field(min_length=1, max_length=MAX_ACK_RANGES)
+    """Inclusive ranges ``[first, last]`` of ``Telemetry.seq``."""
+
+    @model_validator(mode="after")
+    def _ranges(self) -> TelemetryAck:
+        for first, last in self.seqs:
+            if not 1 <= first <= last:
+                raise ValueError(f"seqs: [{first}, {last}] is not a range of sequence numbers")
+        return self
+
+
+def seq_ranges(seqs: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted, merged inclusive ranges of ``seqs``: ``[1, 2, 3, 7]`` -> ``[(1, 3), (7, 7)]``."""
+    ranges: list[tuple[int, int]] = []
+    for seq in sorted(set(seqs)):
+        if ranges and ranges[-1][1] == seq - 1:
+            ranges[-1] = (ranges[-1][0], seq)
+        else:
+            ranges.append((seq, seq))
+    return ranges
+
+
 MESSAGE_TYPES: dict[str, type[BaseModel]] = {
     "model-manifest": ModelManifest,
     "desired-state": DesiredState,
@@ -264,4 +297,5 @@ MESSAGE_TYPES: dict[str, type[BaseModel]] = {
     "device-status": DeviceStatus,
     "update-event": UpdateEvent,
     "telemetry": Telemetry,
+    "telemetry-ack": TelemetryAck,
 }

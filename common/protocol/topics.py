@@ -5,10 +5,11 @@
     <prefix>/devices/<device_id>/events      device -> fleet, QoS 1: update state transitions
     <prefix>/devices/<device_id>/desired     fleet -> device, retained: signed manifests
     <prefix>/devices/<device_id>/commands    fleet -> device, QoS 1: signed commands (rollback)
+    <prefix>/devices/<device_id>/acks        fleet -> device, QoS 1: telemetry stored (seqs)
     <prefix>/fleet/trust                     fleet -> all, retained: signed trust root updates
 
 A device's broker credentials allow publishing to its own status/telemetry/events and reading
-its own desired/commands plus fleet/trust (see docs/protocol.md for the Mosquitto ACL).
+its own desired/commands/acks plus fleet/trust (see docs/protocol.md for the Mosquitto ACL).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class Topics:
 
     def commands(self, device_id: str) -> str:
         return self.device(device_id, "commands")
+
+    def acks(self, device_id: str) -> str:
+        return self.device(device_id, "acks")
 
     @property
     def trust(self) -> str:

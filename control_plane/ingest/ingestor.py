@@ -32,6 +32,7 @@ from control_plane.ingest.rows import (
     DEVICE_SAMPLE_COLUMNS,
     PREPARED,
     SAMPLE_COLUMNS,
+    SEQ,
     STORED_SAMPLE_COLUMNS,
     Row,
     check_rows,
@@ -105,6 +106,9 @@ class Ingestor:
         """Called with the devices whose birth message (an online status, sent at every
         connect) a batch stored, whether or not they were shown online already."""
         self.stored = 0
+        self.on_telemetry_stored: list[Callable[[list[tuple[str, int]]], None]] = []
+        """Called with the (device, seq) of the telemetry a batch stored (or that was stored
+        before: a message sent again), and of telemetry refused for good (out of range)."""
         self.on_batch_written: list[Callable[[], None]] = []
         """Called after each batch (the MQTT adapter resumes reading when the queue drained)."""
         self.last_seen_resolution = timedelta(seconds=last_seen_resolution_s)
@@ -226,6 +230,7 @@ class Ingestor:
         ):
             self.reject("telemetry", "out_of_range", device_id, why)
             _call(ack)
+            self._settled([(device_id, message.seq)])  # never storable: not sent again
         else:
             self._enqueue("telemetry", device_id, ("telemetry", rows, ack))
 
@@ -291,6 +296,12 @@ class Ingestor:
             # leave its device to time out.
             await self._notify([m for kind, m, _ in batch if kind == "event"])
             _ack_all(batch)
+            self._settled(_stored_telemetry(batch))
+
+    def _settled(self, stored: list[tuple[str, int]]) -> None:
+        if stored:
+            for callback in self.on_telemetry_stored:
+                callback(stored)
 
     async def drain(self) -> None:
         """Write whatever is queued now (tests and shutdown)."""
@@ -301,6 +312,7 @@ class Ingestor:
             await self._write(batch)
             await self._notify([m for kind, m, _ in batch if kind == "event"])
             _ack_all(batch)
+            self._settled(_stored_telemetry(batch))
 
     async def _retrying(self, what: str, write: Callable[[], Awaitable[None]]) -> None:
         """Run ``write`` until it succeeds while the database is unreachable (a restart, a
@@ -456,6 +468,10 @@ class Ingestor:
 def _call(ack: Ack | None) -> None:
     if ack is not None:
         ack()
+
+
+def _stored_telemetry(batch: list[Item]) -> list[tuple[str, int]]:
+    return [(m[0][DEVICE_ID], m[0][SEQ]) for kind, m, _ in batch if kind == "telemetry"]
 
 
 def _ack_all(batch: list[Item]) -> None:

@@ -62,6 +62,7 @@ SAMPLE_COLUMNS = (
 STORED_SAMPLE_COLUMNS = (*SAMPLE_COLUMNS, "received_at")
 """The telemetry rows as written: a message's (SAMPLE_COLUMNS), then when its batch is written."""
 DEVICE_ID = DEVICE_SAMPLE_COLUMNS.index("device_id")
+SEQ = DEVICE_SAMPLE_COLUMNS.index("seq")
 PREPARED = frozenset(
     {"time", "received_at"}  # times
     | {"cpu_percent", "temperature_c", "window_s", "p50_ms", "p95_ms", "p99_ms"}  # floats

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from common.protocol.messages import DesiredState
+from common.protocol.messages import MAX_ACK_RANGES, DesiredState, TelemetryAck, seq_ranges
 from common.protocol.topics import Topics
 from control_plane.ingest.ingestor import Ack, Ingestor
 from control_plane.mqtt import codec as mqttcodec
@@ -46,6 +46,9 @@ class FleetBus:
         self._retained: OrderedDict[str, bytes] = OrderedDict()
         """Latest payload per retained topic not yet acknowledged (newer replaces older)."""
         self._commands: list[tuple[str, bytes]] = []
+        self._stored: dict[str, list[int]] = {}
+        """Telemetry seqs stored per device since the last acknowledgements went out."""
+        self._acks: list[tuple[str, bytes]] = []
         self._wake = asyncio.Event()
         self.published = 0
         self._conn: mqttwire.Connection | None = None
@@ -63,6 +66,7 @@ class FleetBus:
         self.queue_high = 4 * ingestor.batch_size
         self.queue_low = ingestor.batch_size
         ingestor.on_batch_written.append(self._maybe_resume)
+        ingestor.on_telemetry_stored.append(self.telemetry_stored)
 
     # -- outgoing ---------------------------------------------------------------------------
 
@@ -81,9 +85,31 @@ class FleetBus:
         self._commands.append((self.topics.commands(device_id), json.dumps(envelope).encode()))
         self._wake.set()
 
+    def telemetry_stored(self, stored: list[tuple[str, int]]) -> None:
+        """Remember what to acknowledge to each device at the next :meth:`_acknowledge`."""
+        pending = self._stored
+        for device_id, seq in stored:
+            pending.setdefault(device_id, []).append(seq)
+
+    def _acknowledge(self) -> None:
+        """One :class:`TelemetryAck` per device with news: the seqs stored since the last."""
+        stored, self._stored = self._stored, {}
+        for device_id, seqs in stored.items():
+            ranges = seq_ranges(seqs)
+            for start in range(0, len(ranges), MAX_ACK_RANGES):
+                ack = TelemetryAck(device_id=device_id, seqs=ranges[start : start + MAX_ACK_RANGES])
+                self._acks.append((self.topics.acks(device_id), ack.model_dump_json().encode()))
+        if self._acks:
+            self._wake.set()
+
+    async def _ack_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.telemetry_ack_interval_s)
+            self._acknowledge()
+
     @property
     def backlog(self) -> int:
-        return len(self._retained) + len(self._commands)
+        return len(self._retained) + len(self._commands) + len(self._acks)
 
     async def _send(self, conn: mqttwire.Connection) -> None:
         while True:
@@ -97,17 +123,23 @@ class FleetBus:
                     if self._retained.get(topic) is payload:  # not replaced meanwhile
                         del self._retained[topic]
                 self.published += len(window)
-            while self._commands:
-                batch = self._commands[:PUBLISH_WINDOW]
-                await asyncio.gather(*(conn.publish(t, p, qos=1) for t, p in batch))
-                del self._commands[: len(batch)]
-                self.published += len(batch)
-            if not self._retained and not self._commands:
+            for queue in (self._commands, self._acks):
+                while queue:
+                    batch = queue[:PUBLISH_WINDOW]
+                    await asyncio.gather(*(conn.publish(t, p, qos=1) for t, p in batch))
+                    del queue[: len(batch)]
+                    self.published += len(batch)
+            if not self._retained and not self._commands and not self._acks:
                 await self._wake.wait()
 
     # -- session ----------------------------------------------------------------------------
 
     async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._ack_loop(), name="mqtt-acks")
+            tg.create_task(self._connection_loop(), name="mqtt-connection")
+
+    async def _connection_loop(self) -> None:
         delay = 0.2
         while True:
             try:

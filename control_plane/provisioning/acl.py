@@ -21,7 +21,7 @@ RESERVED_USERS = frozenset({CONTROL_PLANE_USER, DASHBOARD_USER})
 """Service usernames, which no device id may take (the pattern rules would apply to them)."""
 
 DEVICE_WRITES = ("status", "telemetry", "events")
-DEVICE_READS = ("desired", "commands")
+DEVICE_READS = ("desired", "commands", "acks")
 
 
 def render_acl(

@@ -95,9 +95,11 @@ def test_each_device_reaches_only_its_own_subtree(
         for leaf in ("status", "telemetry", "events"):
             assert [rc.value for rc in fleet.subscribe(f"{T}/+/{leaf}")] == [1]
         # A may not speak as B, nor write anything the fleet sends (MQTT 5: PUBACK 0x87)
-        for topic in (f"{T}/dev-b/status", f"{T}/dev-b/telemetry", f"{T}/dev-b/events",
-                      f"{T}/dev-a/desired", f"{T}/dev-b/desired", f"{T}/dev-a/commands",
-                      "edgefleet/fleet/trust"):  # fmt: skip
+        A, B = f"{T}/dev-a", f"{T}/dev-b"
+        as_b = [f"{B}/status", f"{B}/telemetry", f"{B}/events"]
+        fleet_sends = [f"{A}/desired", f"{B}/desired", f"{A}/commands", f"{A}/acks"]
+        fleet_sends.append("edgefleet/fleet/trust")
+        for topic in as_b + fleet_sends:
             assert a.publish(topic, b'{"forged": true}').value == NOT_AUTHORIZED, topic
         # A's own traffic flows; being in order on one connection, A's telemetry arriving
         # shows that nothing A sent as B before it was delivered
@@ -106,10 +108,10 @@ def test_each_device_reaches_only_its_own_subtree(
         assert not [t for t, _, _ in fleet.received if "/dev-b/" in t]
         # Mosquitto grants any subscription and applies read rules at delivery: A subscribing
         # to B's desired state and commands, or to everything, receives only its own.
-        for topic in (f"{T}/dev-b/desired", f"{T}/dev-b/commands", f"{T}/+/desired", "#",
-                      f"{T}/dev-a/desired"):  # fmt: skip
+        for topic in (f"{B}/desired", f"{B}/commands", f"{B}/acks", f"{T}/+/desired", "#"):
             a.subscribe(topic)
-        for leaf in ("desired", "commands"):
+        a.subscribe(f"{A}/desired")
+        for leaf in ("desired", "commands", "acks"):
             assert not fleet.publish(
                 f"{T}/dev-b/{leaf}", b"for b", retain=leaf == "desired"
             ).is_failure

@@ -1,0 +1,111 @@
+"""Every telemetry sequence number reaches the control plane's store exactly once, across
+brokers that lose their state: three agents report every 0.2 s while the broker is SIGKILLed
+and restarted without its persistence three times (a broker so restarted has acknowledged
+messages it then delivers to no one). The agents keep each message until the control plane
+acknowledges it.
+
+Real Mosquitto, real control plane (SQLite and PostgreSQL), three real agents."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy
+
+from agent.fleet.settings import FleetSettings
+from tests.agent.server import RunningAgent, copy_models, serve, wait_until
+from tests.control_plane.conftest import ControlPlaneFactory
+from tests.control_plane.server import RunningControlPlane
+from tests.control_plane.test_broker_reset import _lose_broker_state
+from tests.mqtt_broker import Mosquitto
+
+pytestmark = pytest.mark.slow
+
+DEVICES = ("dev-1", "dev-2", "dev-3")
+
+
+def _sync_url(db_url: str) -> str:
+    return db_url.replace("sqlite+aiosqlite", "sqlite")
+
+
+def stored_seqs(db_url: str) -> dict[str, list[int]]:
+    """Every stored telemetry message's seq, by device, repeats included."""
+    engine = sqlalchemy.create_engine(_sync_url(db_url))
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sqlalchemy.text("SELECT device_id, seq FROM device_telemetry ORDER BY seq")
+            ).all()
+    finally:
+        engine.dispose()
+    out: dict[str, list[int]] = {d: [] for d in DEVICES}
+    for device_id, seq in rows:
+        out[device_id].append(seq)
+    return out
+
+
+def outbox_of(state_dir: Path) -> tuple[int, int, int]:
+    """(last telemetry seq, telemetry rows still held, telemetry dropped) of an agent's outbox,
+    read from its file."""
+    with sqlite3.connect(f"file:{state_dir / 'outbox.sqlite3'}?mode=ro", uri=True) as db:
+        counters = dict(db.execute("SELECT name, value FROM counters").fetchall())
+        (held,) = db.execute("SELECT COUNT(*) FROM outbox WHERE kind = 'telemetry'").fetchone()
+    return counters.get("seq_telemetry", 0), held, counters.get("dropped_telemetry", 0)
+
+
+def test_every_seq_is_stored_once_across_brokers_that_lose_their_state(
+    start_control_plane: ControlPlaneFactory,
+    broker: Mosquitto,
+    db_url: str,
+    example_repo: Path,
+    tmp_path: Path,
+) -> None:
+    @contextmanager
+    def agents(cp: RunningControlPlane, **fleet: Any) -> Iterator[list[RunningAgent]]:
+        with ExitStack() as stack:
+            running = []
+            for device_id in DEVICES:
+                repo = tmp_path / f"repo-{device_id}"
+                if not repo.exists():
+                    copy_models(example_repo, repo, "mlp")
+                settings = FleetSettings(
+                    mqtt_url=broker.url,
+                    device_id=device_id,
+                    state_dir=tmp_path / f"state-{device_id}",
+                    trust_root_file=cp.trust_root_file,
+                    reconnect_min_s=0.05,
+                    reconnect_max_s=0.5,
+                    telemetry_resend_s=2.0,
+                    **fleet,
+                )
+                running.append(stack.enter_context(serve(repo, fleet=settings)))
+            yield running
+
+    with start_control_plane(telemetry_ack_interval_s=0.3) as cp:
+        with agents(cp, telemetry_interval_s=0.2):
+            wait_until(
+                lambda: all(len(s) >= 3 for s in stored_seqs(db_url).values()),
+                what="telemetry from every agent",
+            )
+            for _ in range(3):
+                time.sleep(1.5)
+                _lose_broker_state(broker)
+            time.sleep(1.5)
+        # The agents again, with no new telemetry: what was never acknowledged goes again.
+        with agents(cp, telemetry_interval_s=3600):
+            wait_until(
+                lambda: all(outbox_of(tmp_path / f"state-{d}")[1] == 0 for d in DEVICES),
+                timeout_s=60,
+                what="every agent's telemetry acknowledged",
+            )
+        stored = stored_seqs(db_url)
+    for device_id in DEVICES:
+        last, held, dropped = outbox_of(tmp_path / f"state-{device_id}")
+        assert last >= 20 and held == 0 and dropped == 0, (device_id, last, held, dropped)
+        assert stored[device_id] == list(range(1, last + 1)), device_id
