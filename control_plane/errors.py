@@ -1,11 +1,11 @@
-"""Errors of the control plane's services; ``control_plane/api/errors.py`` maps them to HTTP::
+"""Errors of the control plane's services; ``control_plane/api/deps.py`` maps them to HTTP::
 
 ControlPlaneError        code
 +-- NotFound             not_found
 +-- Invalid              invalid_request      names the field
 +-- Conflict             conflict             a version that exists, an unvalidated rollout
 |   +-- Busy             busy                 another rollout of the model is still active there
-+-- TooLarge             payload_too_large
++-- TooLarge             payload_too_large    over max_json_body_bytes or max_upload_bytes
 +-- Unauthorized         unauthorized
 +-- Forbidden            forbidden
 """

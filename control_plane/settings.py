@@ -67,6 +67,10 @@ class ControlPlaneSettings(BaseSettings):
     else when ``keys rotate`` or ``keys revoke`` needs it (put it back for those, no restart). A
     key that is not a root key of the current trust root stops start-up and is refused."""
     max_upload_bytes: int = Field(default=4 * 2**30, gt=0)
+    """A model file or sample upload over this is refused (413) as it streams in."""
+    max_json_body_bytes: int = Field(default=2**20, gt=0)
+    """A JSON request body (a version, a stage, labels, a rollout, a token) over this is refused
+    (413) as it is read, once its token and role are checked; uploads have ``max_upload_bytes``."""
     manifest_ttl_s: float = Field(default=30 * 24 * 3600, gt=0)
     """How long a signed manifest stays valid on devices."""
     telemetry_raw_retention_s: float = Field(default=2 * 24 * 3600, gt=0)

@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from control_plane.api import audit
 from control_plane.api.auth import Principal, Role, create_token
+from control_plane.api.body import json_body, json_request
 from control_plane.api.deps import ADMIN, SESSION, VIEWER, json_response
 from control_plane.db.models import NAME_LENGTH, AuditEntry
 
@@ -23,9 +24,19 @@ class TokenCreate(BaseModel):
     role: Literal["viewer", "operator", "admin"]
 
 
-@router.post("/tokens", status_code=201, summary="Create an API token (shown once; stored hashed)")
+NEW_TOKEN = json_body(TokenCreate, ADMIN)
+
+
+@router.post(
+    "/tokens",
+    status_code=201,
+    summary="Create an API token (shown once; stored hashed)",
+    openapi_extra=json_request(TokenCreate),
+)
 async def new_token(
-    body: TokenCreate, s: AsyncSession = SESSION, who: Principal = ADMIN
+    body: TokenCreate = NEW_TOKEN,
+    s: AsyncSession = SESSION,
+    who: Principal = ADMIN,
 ) -> Response:
     token = await create_token(s, body.name, Role[body.role.upper()])
     audit.record(s, who.name, "token.create", body.name, role=body.role)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from fastapi import Depends, Path, Request
@@ -134,7 +135,12 @@ async def handle_error(request: Request, exc: Exception) -> Response:
         )
         return Response(body, status_code=409, media_type="application/json")
     if isinstance(exc, RequestValidationError):
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"] if p != "body")
-        return json_response({"error": f"{field}: {first['msg']}", "code": "invalid_request"}, 400)
+        return json_response({"error": field_error(exc.errors()), "code": "invalid_request"}, 400)
     raise exc
+
+
+def field_error(errors: Sequence[Any]) -> str:
+    """The first of pydantic's (or FastAPI's) validation errors, as ``field.path: message``."""
+    first = errors[0]
+    field = ".".join(str(p) for p in first["loc"] if p != "body")
+    return f"{field or 'body'}: {first['msg']}"

@@ -14,6 +14,7 @@ from starlette.responses import Response
 
 from control_plane.api import audit
 from control_plane.api.auth import Principal
+from control_plane.api.body import json_body, json_request
 from control_plane.api.deps import (
     INT32_MAX,
     OPERATOR,
@@ -116,11 +117,19 @@ class LabelChange(BaseModel):
     """Set a label, or remove it with null."""
 
 
-@router.patch("/devices/{device_id}/labels", summary="Add, change or remove operator labels")
+NEW_LABELS = json_body(LabelChange, OPERATOR)
+NEW_ROLLOUT = json_body(RolloutSpec, OPERATOR)
+
+
+@router.patch(
+    "/devices/{device_id}/labels",
+    summary="Add, change or remove operator labels",
+    openapi_extra=json_request(LabelChange),
+)
 async def set_labels(
     request: Request,
     device_id: str,
-    body: LabelChange,
+    body: LabelChange = NEW_LABELS,
     s: AsyncSession = SESSION,
     who: Principal = OPERATOR,
 ) -> Response:
@@ -189,9 +198,16 @@ async def _rollout(s: AsyncSession, rollout_id: int) -> Rollout:
     return r
 
 
-@router.post("/rollouts", status_code=201, summary="Start a staged rollout of a validated version")
+@router.post(
+    "/rollouts",
+    status_code=201,
+    summary="Start a staged rollout of a validated version",
+    openapi_extra=json_request(RolloutSpec),
+)
 async def create_rollout(
-    spec: RolloutSpec, request: Request, who: Principal = OPERATOR
+    request: Request,
+    spec: RolloutSpec = NEW_ROLLOUT,
+    who: Principal = OPERATOR,
 ) -> Response:
     svc = services(request)
     rollout_id = await svc.engine.create(spec, who.name)

@@ -15,6 +15,7 @@ from starlette.responses import Response, StreamingResponse
 
 from control_plane.api import audit
 from control_plane.api.auth import Principal
+from control_plane.api.body import json_body, json_request
 from control_plane.api.deps import (
     INDEX,
     INT32_MAX,
@@ -55,6 +56,10 @@ class VersionCreate(BaseModel):
 
 class StageChange(BaseModel):
     stage: Literal["candidate", "production", "retired"]
+
+
+NEW_VERSION = json_body(VersionCreate, OPERATOR)
+NEW_STAGE = json_body(StageChange, OPERATOR)
 
 
 def version_doc(mv: ModelVersion) -> dict[str, Any]:
@@ -107,12 +112,14 @@ async def show_version(
 
 
 @router.post(
-    "/models/{name}/versions", status_code=201, summary="Create a version (then upload its files)"
+    "/models/{name}/versions",
+    status_code=201,
+    summary="Create a version (then upload its files)",
+    openapi_extra=json_request(VersionCreate),
 )
 async def new_version(
     name: str,
-    body: VersionCreate,
-    request: Request,
+    body: VersionCreate = NEW_VERSION,
     s: AsyncSession = SESSION,
     who: Principal = OPERATOR,
 ) -> Response:
@@ -242,11 +249,12 @@ async def validate_version(
 @router.post(
     "/models/{name}/versions/{version}/stage",
     summary="Set the stage: candidate, production, retired",
+    openapi_extra=json_request(StageChange),
 )
 async def set_stage(
     name: str,
-    body: StageChange,
     version: int = VERSION,
+    body: StageChange = NEW_STAGE,
     s: AsyncSession = SESSION,
     who: Principal = OPERATOR,
 ) -> Response:
