@@ -27,9 +27,10 @@ from control_plane.api.deps import (
     services,
 )
 from control_plane.db.models import NAME_LENGTH, Artifact, Model, ModelVersion
-from control_plane.errors import Invalid, NotFound
+from control_plane.errors import Conflict, Invalid, NotFound
 from control_plane.registry.store import (
     add_file,
+    complete,
     create_version,
     get_model,
     get_version,
@@ -55,7 +56,8 @@ class VersionCreate(BaseModel):
 
 
 class StageChange(BaseModel):
-    stage: Literal["candidate", "production", "retired"]
+    stage: Literal["candidate", "production", "retired", "archived"]
+    """``archived`` hides a version (one that failed validation, say) from default listings."""
 
 
 NEW_VERSION = json_body(VersionCreate, OPERATOR)
@@ -67,6 +69,7 @@ def version_doc(mv: ModelVersion) -> dict[str, Any]:
         "model": mv.model.name,
         "version": mv.version,
         "stage": mv.stage,
+        "complete": complete(mv),
         "config": mv.config,
         "health": mv.health,
         "variants": mv.variants,
@@ -79,7 +82,10 @@ def version_doc(mv: ModelVersion) -> dict[str, Any]:
 
 
 @router.get("/models", summary="Every model with its versions and stages")
-async def list_models(s: AsyncSession = SESSION, _: Principal = VIEWER) -> Response:
+async def list_models(
+    s: AsyncSession = SESSION, _: Principal = VIEWER, archived: bool = False
+) -> Response:
+    """``archived``: list archived versions too (hidden by default)."""
     models = (
         await s.execute(select(Model).options(selectinload(Model.versions)).order_by(Model.name))
     ).scalars()
@@ -95,6 +101,7 @@ async def list_models(s: AsyncSession = SESSION, _: Principal = VIEWER) -> Respo
                         "validated": None if v.validation is None else v.validation["passed"],
                     }
                     for v in m.versions
+                    if archived or v.stage != "archived"
                 ],
             }
             for m in models
@@ -164,7 +171,20 @@ async def upload_file(
 ) -> Response:
     mv = await get_version(s, name, version)
     sha, size = await services(request).store.put(_stream(request))
-    variant = await add_file(s, services(request).store, mv, index, filename, sha, size)
+    try:
+        variant = await add_file(s, services(request).store, mv, index, filename, sha, size)
+    except Invalid as exc:
+        if complete(mv):
+            raise
+        # A push is atomic: a version whose files fail their checks is not kept, and its
+        # number is free for the push that fixes them.
+        await s.rollback()
+        await s.delete(await get_version(s, name, version))
+        audit.record(s, who.name, "version.discard", f"{name}:{version}", reason=str(exc))
+        await s.commit()
+        raise Invalid(
+            f"{exc}; version {version} was not kept: fix its files and push it again"
+        ) from None
     audit.record(
         s, who.name, "version.upload", f"{name}:{version}", file=filename, sha256=sha, size=size
     )
@@ -248,7 +268,7 @@ async def validate_version(
 
 @router.post(
     "/models/{name}/versions/{version}/stage",
-    summary="Set the stage: candidate, production, retired",
+    summary="Set the stage: candidate, production, retired, archived",
     openapi_extra=json_request(StageChange),
 )
 async def set_stage(
@@ -259,6 +279,8 @@ async def set_stage(
     who: Principal = OPERATOR,
 ) -> Response:
     mv = await get_version(s, name, version)
+    if body.stage == "archived" and mv.stage == "production":
+        raise Conflict(f"{name} v{version} is in production: promote another version first")
     if body.stage == "production":
         if not (mv.validation or {}).get("passed"):
             raise Invalid("stage: only a version that passed validation can be production")

@@ -133,13 +133,19 @@ async def create_version(
     if not clean:
         raise Invalid("variants: a version needs at least one variant")
     model = await ensure_model(session, name)
-    existing = await session.execute(
-        select(ModelVersion.id).where(
-            ModelVersion.model_id == model.id, ModelVersion.version == version
+    existing = (
+        await session.execute(
+            select(ModelVersion).where(
+                ModelVersion.model_id == model.id, ModelVersion.version == version
+            )
         )
-    )
-    if existing.first() is not None:
-        raise Conflict(f"model {name!r} already has version {version}; versions are immutable")
+    ).scalar_one_or_none()
+    if existing is not None:
+        if complete(existing):
+            raise Conflict(f"model {name!r} already has version {version}; versions are immutable")
+        # a push that never finished (its client died mid-upload): the number was never used
+        await session.delete(existing)
+        await session.flush()
     mv = ModelVersion(
         model_id=model.id,
         version=version,
@@ -162,6 +168,13 @@ def check_file_name(fmt: str, filename: str) -> None:
         raise Invalid(
             f"a {fmt} variant holds {' and '.join(_FILE_SUFFIX[fmt])} files, not {filename!r}"
         )
+
+
+def complete(mv: ModelVersion) -> bool:
+    """Whether every variant of ``mv`` has its files, checked (their signature read). Until then
+    the version is a push in progress: it can be neither validated nor rolled out, and a push
+    of the same number replaces it."""
+    return all(v.get("signature") for v in mv.variants)
 
 
 def variant_complete(variant: dict[str, Any]) -> bool:

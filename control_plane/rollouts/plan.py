@@ -43,6 +43,10 @@ async def plan_rollout(
         raise Conflict(f"{spec.model} v{spec.version} has not been validated; validate it first")
     if not report.get("passed"):
         raise Conflict(f"{spec.model} v{spec.version} failed validation; it cannot be rolled out")
+    if mv.stage == "archived":
+        raise Conflict(
+            f"{spec.model} v{spec.version} is archived; set another stage to roll it out"
+        )
     targets = await matching_devices(session, spec)
     if not targets:
         raise Invalid("selector: no device matches the selector and profiles")
