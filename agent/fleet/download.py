@@ -67,8 +67,10 @@ async def fetch(
             raise
         # The bytes kept on disk from before (a resumed partial file, torn by a power loss)
         # may be what is wrong, not the artifact: once more from scratch before failing.
-        log.warning("downloaded file does not verify, once more from scratch",
-                    extra={"file": ref.name, "error": exc.message})  # fmt: skip
+        log.warning(
+            "downloaded file does not verify, once more from scratch",
+            extra={"file": ref.name, "error": exc.message},
+        )
         return await _download(client, ref, part, done, attempts, progress)
 
 

@@ -38,7 +38,7 @@ def fragile_mlp_version(directory: Path, seed: int) -> Path:
     g.output[0].name = "logits"
     for node in g.node:
         node.output[:] = ["mlp_logits" if o == "logits" else o for o in node.output]
-    g.initializer.extend([
+    initializers = [
         numpy_helper.from_array(np.array([0], np.int64), "f.starts"),
         numpy_helper.from_array(np.array([1], np.int64), "f.ends"),
         numpy_helper.from_array(np.array([1], np.int64), "f.axes"),
@@ -46,8 +46,8 @@ def fragile_mlp_version(directory: Path, seed: int) -> Path:
         numpy_helper.from_array(np.array(1000, np.int64), "f.scale"),
         numpy_helper.from_array(np.array([-1], np.int64), "f.flat"),
         numpy_helper.from_array(np.zeros((1, 10), np.float32), "f.table"),
-    ])  # fmt: skip
-    g.node.extend([
+    ]
+    nodes = [
         helper.make_node("Slice", ["input", "f.starts", "f.ends", "f.axes"], ["f.first"]),
         helper.make_node("Greater", ["f.first", "f.limit"], ["f.big"]),
         helper.make_node("Cast", ["f.big"], ["f.bigi"], to=TensorProto.INT64),
@@ -55,7 +55,9 @@ def fragile_mlp_version(directory: Path, seed: int) -> Path:
         helper.make_node("Reshape", ["f.idx2", "f.flat"], ["f.idx"]),
         helper.make_node("Gather", ["f.table", "f.idx"], ["f.rows"], axis=0),
         helper.make_node("Add", ["mlp_logits", "f.rows"], ["logits"]),
-    ])  # fmt: skip
+    ]
+    g.initializer.extend(initializers)
+    g.node.extend(nodes)
     model.ir_version = IR_VERSION
     del model.opset_import[:]
     model.opset_import.extend([helper.make_opsetid("", OPSET)])

@@ -36,9 +36,16 @@ def _desired(device_id: str, schema_version: int = 1) -> bytes:
 
 def _command(fleet: Fleet, device_id: str) -> bytes:
     now = datetime.now(UTC)
-    payload = {"schema_version": 1, "command_id": uuid.uuid4().hex, "device_id": device_id, "type": "rollback",
-               "model": "mlp", "reason": "test", "issued_at": now.isoformat(),
-               "expires_at": (now + timedelta(minutes=5)).isoformat()}  # fmt: skip
+    payload = {
+        "schema_version": 1,
+        "command_id": uuid.uuid4().hex,
+        "device_id": device_id,
+        "type": "rollback",
+        "model": "mlp",
+        "reason": "test",
+        "issued_at": now.isoformat(),
+        "expires_at": (now + timedelta(minutes=5)).isoformat(),
+    }
     return json.dumps(fleet.sign(payload)).encode()
 
 
@@ -51,6 +58,7 @@ def cases(fleet: Fleet) -> list[tuple[str, bytes, str]]:
     trust_v2 = json.dumps({**envelope_v2.model_dump(mode="json"), "schema_version": 2}).encode()
     command_v2 = json.loads(_command(fleet, "dev-1"))
     command_v2["schema_version"] = 2
+    incomplete_trust = b'{"signed": {"version": 9}, "signatures": [{"key_id": "x", "sig": "y"}]}'
     return [
         ("desired", noise, "malformed"),
         ("desired", oversize, "oversize"),
@@ -67,11 +75,11 @@ def cases(fleet: Fleet) -> list[tuple[str, bytes, str]]:
         ("commands", deep, "malformed"),
         ("trust", noise, "malformed"),
         ("trust", oversize, "oversize"),
-        ("trust", b'{"signed": {"version": 9}, "signatures": [{"key_id": "x", "sig": "y"}]}', "malformed"),
+        ("trust", incomplete_trust, "malformed"),
         ("trust", trust_v2, "unsupported_schema"),
         ("trust", b'"just a string"', "malformed"),
         ("trust", deep, "malformed"),
-    ]  # fmt: skip
+    ]
 
 
 def _topic(fleet: Fleet, leaf: str) -> str:

@@ -28,19 +28,41 @@ NOW = datetime.now(UTC).isoformat()
 
 
 def status(device_id: str, **fields: Any) -> dict[str, Any]:
-    return {"schema_version": 1, "device_id": device_id, "online": True, "agent_version": "test",
-            "hardware_profile": "generic-x86_64", "labels": {}, "models": [], **fields}  # fmt: skip
+    return {
+        "schema_version": 1,
+        "device_id": device_id,
+        "online": True,
+        "agent_version": "test",
+        "hardware_profile": "generic-x86_64",
+        "labels": {},
+        "models": [],
+        **fields,
+    }
 
 
 def telemetry(device_id: str, seq: int, **fields: Any) -> dict[str, Any]:
     model = {"model": "mlp", "version": 1, "requests": 10, "errors": 0, "rows": 10, "batches": 2}
-    return {"schema_version": 1, "device_id": device_id, "seq": seq, "time": NOW, "window_s": 1.0,
-            "models": [model], **fields}  # fmt: skip
+    return {
+        "schema_version": 1,
+        "device_id": device_id,
+        "seq": seq,
+        "time": NOW,
+        "window_s": 1.0,
+        "models": [model],
+        **fields,
+    }
 
 
 def event(device_id: str, **fields: Any) -> dict[str, Any]:
-    return {"schema_version": 1, "device_id": device_id, "event_id": uuid.uuid4().hex,
-            "time": NOW, "model": "mlp", "state": "received", **fields}  # fmt: skip
+    return {
+        "schema_version": 1,
+        "device_id": device_id,
+        "event_id": uuid.uuid4().hex,
+        "time": NOW,
+        "model": "mlp",
+        "state": "received",
+        **fields,
+    }
 
 
 def js(doc: dict[str, Any]) -> bytes:
@@ -53,8 +75,12 @@ def cases() -> list[tuple[str, bytes, str]]:
     deep = b"[" * 50_000
     oversize = b'{"x": "' + b"a" * LIMIT + b'"}'
     out: list[tuple[str, bytes, str]] = []
-    for leaf, good in (("status", status("dev-x")), ("telemetry", telemetry("dev-x", 1)),
-                       ("events", event("dev-x"))):  # fmt: skip
+    valid = {
+        "status": status("dev-x"),
+        "telemetry": telemetry("dev-x", 1),
+        "events": event("dev-x"),
+    }
+    for leaf, good in valid.items():
         out += [
             (leaf, noise, "malformed"),
             (leaf, oversize, "oversize"),
@@ -63,14 +89,16 @@ def cases() -> list[tuple[str, bytes, str]]:
             (leaf, js({**good, "schema_version": 2}), "unsupported_schema"),
             (leaf, js({**good, "device_id": "dev-ok"}), "wrong_device"),  # dev-x posing as dev-ok
         ]
+    nan_window = js(telemetry("dev-x", 3)).replace(b'"window_s": 1.0', b'"window_s": NaN')
+    negative_rows = js(telemetry("dev-x", 4)).replace(b'"rows": 10', b'"rows": -10')
     out += [  # valid by the schema, but values the database would refuse
         ("status", js(status("dev-x", hardware_profile="p" * 500)), "out_of_range"),
         ("telemetry", js(telemetry("dev-x", 2**70)), "out_of_range"),
-        ("telemetry", js(telemetry("dev-x", 3)).replace(b'"window_s": 1.0', b'"window_s": NaN'), "out_of_range"),
+        ("telemetry", nan_window, "out_of_range"),
         ("events", js(event("dev-x", event_id="e" * 500)), "out_of_range"),
         ("events", js(event("dev-x", version=2**40)), "out_of_range"),
-        ("telemetry", js(telemetry("dev-x", 4)).replace(b'"rows": 10', b'"rows": -10'), "out_of_range"),
-    ]  # fmt: skip
+        ("telemetry", negative_rows, "out_of_range"),
+    ]
     return out
 
 

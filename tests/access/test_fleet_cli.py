@@ -48,13 +48,14 @@ def test_issue_write_run_and_revoke(tmp_path: Path, started: list[subprocess.Pop
     bad = edgefleet("fleet", "add-device", "edgefleet-control-plane", *common, check=False)
     assert bad.returncode != 0 and "reserved" in bad.stderr
     owner = pwd.getpwuid(os.geteuid()).pw_name  # the user mosquitto runs as, here ourselves
-    written = edgefleet("fleet", "mosquitto-config", "--out", str(out), "--port", str(port),
-                        "--bind", "127.0.0.1", "--owner", owner, "--dashboard", *common)  # fmt: skip
+    write_config = ["fleet", "mosquitto-config", "--out", str(out), "--port", str(port)]
+    local = ["--bind", "127.0.0.1", "--owner", owner]
+    written = edgefleet(*write_config, *local, "--dashboard", *common)
     assert f"wrote {out / 'mosquitto.conf'}" in written.stdout
     assert pw_a not in (out / "passwd").read_text()
     mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    started.append(subprocess.Popen([mosquitto, "-c", str(out / "mosquitto.conf")],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+    command = [mosquitto, "-c", str(out / "mosquitto.conf")]
+    started.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     wait_until(lambda: _accepts(port), what="the broker from the generated config")
 
     a = ProbeClient(port, username="dev-a", password=pw_a)
@@ -76,8 +77,7 @@ def test_issue_write_run_and_revoke(tmp_path: Path, started: list[subprocess.Pop
     assert revoked.stdout.strip() == "dev-b: password removed, 0 certificate(s) revoked"
     again = edgefleet("fleet", "revoke-device", "dev-b", *common, check=False)
     assert again.returncode != 0 and "no credentials for device dev-b" in again.stderr
-    edgefleet("fleet", "mosquitto-config", "--out", str(out), "--port", str(port), "--bind",
-              "127.0.0.1", "--owner", owner, *common)  # fmt: skip
+    edgefleet(*write_config, *local, *common)
     started[0].send_signal(signal.SIGHUP)
 
     def b_refused() -> bool:
@@ -108,10 +108,8 @@ def test_a_plaintext_broker_on_the_network_needs_saying_so(
     """Device passwords travel in every CONNECT: without TLS the broker listens beyond
     loopback only when told that the network is trusted."""
     out = tmp_path / "broker"
-    result = edgefleet(
-        "fleet", "mosquitto-config", "--out", str(out), *flags,
-        "--state-dir", str(tmp_path / "state"), check=False,
-    )  # fmt: skip
+    write_config = ["fleet", "mosquitto-config", "--out", str(out), *flags]
+    result = edgefleet(*write_config, "--state-dir", str(tmp_path / "state"), check=False)
     assert (result.returncode == 0) is written, result.stderr
     assert (out / "mosquitto.conf").exists() is written
     if not written:

@@ -12,17 +12,18 @@ from onnx import TensorProto, helper, numpy_helper
 
 from runtimes.golden import GoldenSample
 
+# a graph's input or output: a name, an element type and a shape
+_tensor = helper.make_tensor_value_info
+
 
 def write_upper_model(repository: Path, name: str = "upper") -> Path:
     """BYTES in, BYTES out: upper-cases each string (a real ONNX operator run by ONNX Runtime)."""
     node = helper.make_node(
         "StringNormalizer", ["text"], ["upper"], case_change_action="UPPER", locale="C"
     )
-    graph = helper.make_graph(
-        [node], name,
-        [helper.make_tensor_value_info("text", TensorProto.STRING, ["N"])],
-        [helper.make_tensor_value_info("upper", TensorProto.STRING, ["N"])],
-    )  # fmt: skip
+    text = _tensor("text", TensorProto.STRING, ["N"])
+    upper = _tensor("upper", TensorProto.STRING, ["N"])
+    graph = helper.make_graph([node], name, [text], [upper])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     version_dir = repository / name / "1"
@@ -50,22 +51,19 @@ def write_embedding_model(repository: Path, name: str = "emb", config: str = "")
     """INT64 indices in, FP32 rows out (Gather on a table): an index past the table fails only
     when the model runs, so whether a batch fails depends on one request's data."""
     table = numpy_helper.from_array(embedding_table(), "table")
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["table", "index"], ["vector"], axis=0)], name,
-        [helper.make_tensor_value_info("index", TensorProto.INT64, ["N"])],
-        [helper.make_tensor_value_info("vector", TensorProto.FLOAT, ["N", EMBEDDING_WIDTH])],
-        [table],
-    )  # fmt: skip
+    gather = helper.make_node("Gather", ["table", "index"], ["vector"], axis=0)
+    index = _tensor("index", TensorProto.INT64, ["N"])
+    vector = _tensor("vector", TensorProto.FLOAT, ["N", EMBEDDING_WIDTH])
+    graph = helper.make_graph([gather], name, [index], [vector], [table])
     return _save(graph, repository, name, config)
 
 
 def write_bf16_input_model(repository: Path, name: str = "bf16") -> Path:
     """A BF16 input (cast to FP32): ONNX Runtime loads it, the agent has no numpy type for it."""
-    graph = helper.make_graph(
-        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], name,
-        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, ["N", 2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
-    )  # fmt: skip
+    cast = helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)
+    x = _tensor("x", TensorProto.BFLOAT16, ["N", 2])
+    y = _tensor("y", TensorProto.FLOAT, ["N", 2])
+    graph = helper.make_graph([cast], name, [x], [y])
     return _save(graph, repository, name)
 
 
@@ -74,23 +72,21 @@ def write_sequence_output_model(repository: Path, name: str = "seqout") -> Path:
     sequence = helper.make_sequence_type_proto(
         helper.make_tensor_type_proto(TensorProto.FLOAT, ["N"])
     )
-    graph = helper.make_graph(
-        [helper.make_node("SequenceConstruct", ["x"], ["s"])], name,
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])],
-        [helper.make_value_info("s", sequence)],
-    )  # fmt: skip
+    construct = helper.make_node("SequenceConstruct", ["x"], ["s"])
+    x = _tensor("x", TensorProto.FLOAT, ["N"])
+    s = helper.make_value_info("s", sequence)
+    graph = helper.make_graph([construct], name, [x], [s])
     return _save(graph, repository, name)
 
 
 def write_nonzero_model(repository: Path, name: str = "hits") -> Path:
     """FP32 ``[N, 4]`` in, the INT64 ``[K, 2]`` indices of its non-zero values out: every
     tensor's first dimension is dynamic, but the output's is not the batch."""
-    graph = helper.make_graph(
-        [helper.make_node("NonZero", ["x"], ["nz"]),
-         helper.make_node("Transpose", ["nz"], ["hits"], perm=[1, 0])], name,
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-        [helper.make_tensor_value_info("hits", TensorProto.INT64, ["K", 2])],
-    )  # fmt: skip
+    nonzero = helper.make_node("NonZero", ["x"], ["nz"])
+    transpose = helper.make_node("Transpose", ["nz"], ["hits"], perm=[1, 0])
+    x = _tensor("x", TensorProto.FLOAT, ["N", 4])
+    hits = _tensor("hits", TensorProto.INT64, ["K", 2])
+    graph = helper.make_graph([nonzero, transpose], name, [x], [hits])
     return _save(graph, repository, name)
 
 
@@ -98,12 +94,10 @@ def write_dynamic_conv_model(repository: Path, name: str = "conv") -> Path:
     """A 3x3 convolution of a ``[N, 1, H, W]`` image of any size of at least 3x3 (all-ones
     kernel, no padding): zeros of 1x1 cannot run it."""
     kernel = numpy_helper.from_array(np.ones((1, 1, 3, 3), np.float32), "kernel")
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["image", "kernel"], ["sums"], kernel_shape=[3, 3])], name,
-        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 1, "H", "W"])],
-        [helper.make_tensor_value_info("sums", TensorProto.FLOAT, ["N", 1, "H2", "W2"])],
-        [kernel],
-    )  # fmt: skip
+    conv = helper.make_node("Conv", ["image", "kernel"], ["sums"], kernel_shape=[3, 3])
+    image = _tensor("image", TensorProto.FLOAT, ["N", 1, "H", "W"])
+    sums = _tensor("sums", TensorProto.FLOAT, ["N", 1, "H2", "W2"])
+    graph = helper.make_graph([conv], name, [image], [sums], [kernel])
     return _save(graph, repository, name)
 
 

@@ -28,8 +28,11 @@ class AgentProcess:
 @contextmanager
 def agent_process(*args: str, env: dict[str, str] | None = None) -> Iterator[AgentProcess]:
     exe = Path(sys.executable).parent / "edgefleet"
-    proc = subprocess.Popen([str(exe), "agent", *args], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            text=True, env={**os.environ, **(env or {})})  # fmt: skip
+    command = [str(exe), "agent", *args]
+    environment = {**os.environ, **(env or {})}
+    proc = subprocess.Popen(
+        command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=environment
+    )
     handle = AgentProcess(proc)
     listening = threading.Event()
 

@@ -35,8 +35,13 @@ class RunningAgent:
         import numpy as np
 
         array = np.asarray(rows, dtype=np.float32)
-        body = {"inputs": [{"name": "input", "shape": list(array.shape), "datatype": "FP32",
-                            "data": array.ravel().tolist()}], **extra}  # fmt: skip
+        tensor = {
+            "name": "input",
+            "shape": list(array.shape),
+            "datatype": "FP32",
+            "data": array.ravel().tolist(),
+        }
+        body = {"inputs": [tensor], **extra}
         return self.client.post(f"/v2/models/{model}/infer", json=body)
 
 

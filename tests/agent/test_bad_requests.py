@@ -17,8 +17,8 @@ ROW = [0.5] * 256
 
 @pytest.fixture(scope="module")
 def agent(example_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
-    repo = copy_models(example_repo, tmp_path_factory.mktemp("repo"), "mlp",
-                       configs={"mlp": "[batching]\npriority_levels = 2\n"})  # fmt: skip
+    configs = {"mlp": "[batching]\npriority_levels = 2\n"}
+    repo = copy_models(example_repo, tmp_path_factory.mktemp("repo"), "mlp", configs=configs)
     write_upper_model(repo)
     with serve(
         repo, max_request_bytes=200_000, max_tensor_elements=100_000, max_rows_per_request=64
@@ -30,47 +30,97 @@ def tensor(**overrides: Any) -> dict[str, Any]:
     return {"name": "input", "shape": [1, 256], "datatype": "FP32", "data": ROW, **overrides}
 
 
-V2_CASES = [
-    # (description, body, status, field in the message, code)
-    ("unknown input name", {"inputs": [tensor(name="pixels")]}, 400, "'pixels'", "invalid_input_name"),
-    ("missing input", {"inputs": [{**tensor(), "name": "x"}, tensor(name="y")]}, 400, "unknown input", "invalid_input_name"),
-    ("datatype differs from model", {"inputs": [tensor(datatype="FP64")]}, 400, "datatype FP64", "invalid_input_datatype"),
-    ("shape differs from model", {"inputs": [tensor(shape=[2, 128])]}, 400, "shape [2, 128]", "invalid_input_shape"),
-    ("data shorter than shape", {"inputs": [tensor(data=ROW[:-1])]}, 400, "inputs[0].data: has 255 values", "invalid_request"),
-    ("unknown datatype", {"inputs": [tensor(datatype="FLOAT")]}, 400, "inputs[0].datatype", "invalid_request"),
-    ("negative dimension", {"inputs": [tensor(shape=[-1, 256])]}, 400, "inputs[0].shape", "invalid_request"),
-    ("strings in FP32 data", {"inputs": [tensor(data=["a"] * 256)]}, 400, "inputs[0].data: cannot be read as FP32", "invalid_request"),
-    ("no inputs", {"inputs": []}, 400, "inputs: must be a non-empty list", "invalid_request"),
-    ("inputs not a list", {"inputs": {"name": "input"}}, 400, "inputs:", "invalid_request"),
-    ("input not an object", {"inputs": [3]}, 400, "inputs[0]:", "invalid_request"),
-    ("no data", {"inputs": [{"name": "input", "shape": [1, 256], "datatype": "FP32"}]}, 400, "inputs[0].data: is missing", "invalid_request"),
-    ("same input twice", {"inputs": [tensor(), tensor()]}, 400, "inputs[1].name", "invalid_request"),
-    ("unknown output", {"inputs": [tensor()], "outputs": [{"name": "probs"}]}, 400, "outputs[0].name", "invalid_request"),
-    ("priority out of range", {"inputs": [tensor()], "parameters": {"priority": 3}}, 400, "parameters.priority", "invalid_request"),
-    ("priority not an integer", {"inputs": [tensor()], "parameters": {"priority": "high"}}, 400, "parameters.priority", "invalid_request"),
-    ("negative timeout", {"inputs": [tensor()], "parameters": {"timeout": -5}}, 400, "parameters.timeout", "invalid_request"),
-    ("sequence parameters", {"inputs": [tensor()], "parameters": {"sequence_id": 4}}, 400, "parameters.sequence_id", "invalid_request"),
-    ("id not a string", {"id": 5, "inputs": [tensor()]}, 400, "id: must be a string", "invalid_request"),
-    ("too many elements", {"inputs": [tensor(shape=[400, 256], data=ROW)]}, 400, "exceed the limit of 100000", "invalid_request"),
-    ("too many rows", {"inputs": [tensor(shape=[65, 256], data=ROW * 65)]}, 400, "65 rows exceed the limit of 64", "invalid_request"),
-    ("BOOL data in FP32", {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [1]}]}, 400, "BYTES data must be strings", "invalid_request"),
-    ("null in FP32 data", {"inputs": [tensor(data=[None, *ROW[1:]])]}, 400, "inputs[0].data: cannot be read as FP32", "invalid_request"),
-    ("a number as a string", {"inputs": [tensor(data=["1", *ROW[1:]])]}, 400, "inputs[0].data: cannot be read as FP32", "invalid_request"),
-    ("booleans in FP32 data", {"inputs": [tensor(data=[True] * 256)]}, 400, "inputs[0].data: cannot be read as FP32", "invalid_request"),
-    ("more than 64 dimensions", {"inputs": [tensor(shape=[1] * 65, data=[0.5])]}, 400, "inputs[0].shape: has 65 dimensions", "invalid_request"),
-    ("binary_data_output not a boolean", {"inputs": [tensor()], "parameters": {"binary_data_output": "false"}}, 400, "parameters.binary_data_output", "invalid_request"),
-    ("binary_data not a boolean", {"inputs": [tensor()], "outputs": [{"name": "output", "parameters": {"binary_data": 0}}]}, 400, "outputs[0].parameters.binary_data", "invalid_request"),
-    ("classification of a BYTES output", {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}],
-                                          "outputs": [{"name": "upper", "parameters": {"classification": 1}}]},
-     400, "outputs[0].parameters.classification: output 'upper' is BYTES", "invalid_request"),
-]  # fmt: skip
+def text(**overrides: Any) -> dict[str, Any]:
+    """A BYTES tensor for the upper model."""
+    return {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"], **overrides}
+
+
+def inputs(*tensors: Any, **fields: Any) -> dict[str, Any]:
+    return {"inputs": list(tensors), **fields}
+
+
+def one(**overrides: Any) -> dict[str, Any]:
+    """A V2 body of one mlp tensor, with some of its fields changed."""
+    return inputs(tensor(**overrides))
+
+
+def params(**parameters: Any) -> dict[str, Any]:
+    """A V2 body of one good mlp tensor, with request parameters."""
+    return inputs(tensor(), parameters=parameters)
+
+
+def output(name: str, **parameters: Any) -> dict[str, Any]:
+    """A V2 body of one good mlp tensor, asking for an output with parameters."""
+    return inputs(tensor(), outputs=[{"name": name, "parameters": parameters}])
+
+
+def classify(top: int) -> dict[str, Any]:
+    """A V2 body asking for the classification of the upper model's (BYTES) output."""
+    return inputs(text(), outputs=[{"name": "upper", "parameters": {"classification": top}}])
+
+
+def refused(body: Any, needle: str, code: str = "invalid_request") -> tuple[Any, int, str, str]:
+    return (body, 400, needle, code)
+
+
+NOT_FP32 = "inputs[0].data: cannot be read as FP32"
+NULL_ROW = [None, *ROW[1:]]
+STRING_ROW = ["1", *ROW[1:]]
+DATALESS = {"name": "input", "shape": [1, 256], "datatype": "FP32"}  # tensor() without data
+
+# description -> (body, status, part of the message, code)
+V2_CASES = {
+    "unknown input name": refused(one(name="pixels"), "'pixels'", "invalid_input_name"),
+    "missing input": refused(
+        inputs(tensor(name="x"), tensor(name="y")), "unknown input", "invalid_input_name"
+    ),
+    "datatype differs from model": refused(
+        one(datatype="FP64"), "datatype FP64", "invalid_input_datatype"
+    ),
+    "shape differs from model": refused(
+        one(shape=[2, 128]), "shape [2, 128]", "invalid_input_shape"
+    ),
+    "data shorter than shape": refused(one(data=ROW[:-1]), "inputs[0].data: has 255 values"),
+    "unknown datatype": refused(one(datatype="FLOAT"), "inputs[0].datatype"),
+    "negative dimension": refused(one(shape=[-1, 256]), "inputs[0].shape"),
+    "strings in FP32 data": refused(one(data=["a"] * 256), NOT_FP32),
+    "no inputs": refused({"inputs": []}, "inputs: must be a non-empty list"),
+    "inputs not a list": refused({"inputs": {"name": "input"}}, "inputs:"),
+    "input not an object": refused({"inputs": [3]}, "inputs[0]:"),
+    "no data": refused(inputs(DATALESS), "inputs[0].data: is missing"),
+    "same input twice": refused(inputs(tensor(), tensor()), "inputs[1].name"),
+    "unknown output": refused(inputs(tensor(), outputs=[{"name": "probs"}]), "outputs[0].name"),
+    "priority out of range": refused(params(priority=3), "parameters.priority"),
+    "priority not an integer": refused(params(priority="high"), "parameters.priority"),
+    "negative timeout": refused(params(timeout=-5), "parameters.timeout"),
+    "sequence parameters": refused(params(sequence_id=4), "parameters.sequence_id"),
+    "id not a string": refused({"id": 5, "inputs": [tensor()]}, "id: must be a string"),
+    "too many elements": refused(one(shape=[400, 256], data=ROW), "exceed the limit of 100000"),
+    "too many rows": refused(one(shape=[65, 256], data=ROW * 65), "65 rows exceed the limit of 64"),
+    "BOOL data in FP32": refused(inputs(text(data=[1])), "BYTES data must be strings"),
+    "null in FP32 data": refused(one(data=NULL_ROW), NOT_FP32),
+    "a number as a string": refused(one(data=STRING_ROW), NOT_FP32),
+    "booleans in FP32 data": refused(one(data=[True] * 256), NOT_FP32),
+    "more than 64 dimensions": refused(
+        one(shape=[1] * 65, data=[0.5]), "inputs[0].shape: has 65 dimensions"
+    ),
+    "binary_data_output not a boolean": refused(
+        params(binary_data_output="false"), "parameters.binary_data_output"
+    ),
+    "binary_data not a boolean": refused(
+        output("output", binary_data=0), "outputs[0].parameters.binary_data"
+    ),
+    "classification of a BYTES output": refused(
+        classify(1), "outputs[0].parameters.classification: output 'upper' is BYTES"
+    ),
+}
 
 
 @pytest.mark.parametrize(
-    ("what", "body", "status", "needle", "code"), V2_CASES, ids=[c[0] for c in V2_CASES]
+    ("body", "status", "needle", "code"), list(V2_CASES.values()), ids=list(V2_CASES)
 )
 def test_v2_json_mistakes(
-    agent: RunningAgent, what: str, body: dict[str, Any], status: int, needle: str, code: str
+    agent: RunningAgent, body: dict[str, Any], status: int, needle: str, code: str
 ) -> None:
     model = (
         "upper"
@@ -89,8 +139,15 @@ def test_v2_json_mistakes(
 
 def test_unknown_model_and_version_are_404(agent: RunningAgent) -> None:
     body = {"inputs": [tensor()]}
-    for path in ("/v2/models/nope/infer", "/v2/models/mlp/versions/9/infer", "/v2/models/mlp/versions/x/infer",
-                 "/v1/models/nope:predict", "/v2/models/nope", "/v2/models/nope/stats"):  # fmt: skip
+    paths = [
+        "/v2/models/nope/infer",
+        "/v2/models/mlp/versions/9/infer",
+        "/v2/models/mlp/versions/x/infer",
+        "/v1/models/nope:predict",
+        "/v2/models/nope",
+        "/v2/models/nope/stats",
+    ]
+    for path in paths:
         resp = (
             agent.client.post(path, json=body)
             if "infer" in path or "predict" in path
@@ -127,34 +184,49 @@ def test_gzip_bomb_is_413_not_memory(agent: RunningAgent) -> None:
     assert resp.status_code == 400 and "Content-Encoding" in resp.json()["error"]
 
 
-BINARY_CASES = [
-    ("header past the body", lambda head, raw: (head + raw, str(len(head) + len(raw) + 10)), "Inference-Header-Content-Length"),
-    ("header not a number", lambda head, raw: (head + raw, "ten"), "Inference-Header-Content-Length"),
-    ("binary shorter than claimed", lambda head, raw: (head + raw[:-4], str(len(head))), "binary_data_size"),
-    ("extra binary bytes", lambda head, raw: (head + raw + b"xxxx", str(len(head))), "bytes of binary data are not claimed"),
-]  # fmt: skip
+LENGTH_HEADER = "Inference-Header-Content-Length"
+
+
+def binary_head(shape: list[int], size: int) -> bytes:
+    """The JSON header of a binary request: one FP32 input of ``size`` bytes after it."""
+    binary = {
+        "name": "input",
+        "shape": shape,
+        "datatype": "FP32",
+        "parameters": {"binary_data_size": size},
+    }
+    return json.dumps({"inputs": [binary]}).encode()
+
+
+# a well-formed binary request for the mlp (one row of zeros), the mistakes made from it
+HEAD = binary_head([1, 256], 1024)
+HEAD_LENGTH = str(len(HEAD))
+BODY = HEAD + b"\x00" * 1024
+
+# description -> (body, header length claimed, part of the message)
+BINARY_CASES = {
+    "header past the body": (BODY, str(len(BODY) + 10), LENGTH_HEADER),
+    "header not a number": (BODY, "ten", LENGTH_HEADER),
+    "binary shorter than claimed": (BODY[:-4], HEAD_LENGTH, "binary_data_size"),
+    "extra binary bytes": (BODY + b"xxxx", HEAD_LENGTH, "bytes of binary data are not claimed"),
+}
 
 
 @pytest.mark.parametrize(
-    ("what", "build", "needle"), BINARY_CASES, ids=[c[0] for c in BINARY_CASES]
+    ("body", "header", "needle"), list(BINARY_CASES.values()), ids=list(BINARY_CASES)
 )
-def test_binary_extension_mistakes(agent: RunningAgent, what: str, build: Any, needle: str) -> None:
-    raw = b"\x00" * 1024
-    head = json.dumps({"inputs": [{"name": "input", "shape": [1, 256], "datatype": "FP32",
-                                   "parameters": {"binary_data_size": 1024}}]}).encode()  # fmt: skip
-    body, header = build(head, raw)
-    resp = agent.client.post(
-        "/v2/models/mlp/infer", content=body, headers={"Inference-Header-Content-Length": header}
-    )
+def test_binary_extension_mistakes(
+    agent: RunningAgent, body: bytes, header: str, needle: str
+) -> None:
+    resp = agent.client.post("/v2/models/mlp/infer", content=body, headers={LENGTH_HEADER: header})
     assert resp.status_code == 400, resp.text
     assert needle in resp.json()["error"]
 
 
 def test_binary_tensor_of_more_than_64_dimensions(agent: RunningAgent) -> None:
-    head = json.dumps({"inputs": [{"name": "input", "shape": [1] * 65, "datatype": "FP32",
-                                   "parameters": {"binary_data_size": 4}}]}).encode()  # fmt: skip
-    resp = agent.client.post("/v2/models/mlp/infer", content=head + b"\x00" * 4,
-                             headers={"Inference-Header-Content-Length": str(len(head))})  # fmt: skip
+    head = binary_head([1] * 65, 4)
+    headers = {LENGTH_HEADER: str(len(head))}
+    resp = agent.client.post("/v2/models/mlp/infer", content=head + b"\x00" * 4, headers=headers)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"].startswith("inputs[0].shape: has 65 dimensions")
 
@@ -175,18 +247,15 @@ def test_classification_refused_before_the_model_runs(agent: RunningAgent) -> No
         return int(stats["execution_count"])
 
     before = runs()
-    body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}],
-            "outputs": [{"name": "upper", "parameters": {"classification": 2}}]}  # fmt: skip
-    resp = agent.client.post("/v2/models/upper/infer", json=body)
+    resp = agent.client.post("/v2/models/upper/infer", json=classify(2))
     assert resp.status_code == 400, resp.text
     assert runs() == before
 
 
 def test_binary_size_not_matching_shape(agent: RunningAgent) -> None:
-    head = json.dumps({"inputs": [{"name": "input", "shape": [1, 256], "datatype": "FP32",
-                                   "parameters": {"binary_data_size": 1000}}]}).encode()  # fmt: skip
-    resp = agent.client.post("/v2/models/mlp/infer", content=head + b"\x00" * 1000,
-                             headers={"Inference-Header-Content-Length": str(len(head))})  # fmt: skip
+    head = binary_head([1, 256], 1000)
+    headers = {LENGTH_HEADER: str(len(head))}
+    resp = agent.client.post("/v2/models/mlp/infer", content=head + b"\x00" * 1000, headers=headers)
     assert resp.status_code == 400
     assert (
         "inputs[0].parameters.binary_data_size: is 1000 bytes but shape [1, 256] of FP32 needs 1024"
@@ -203,44 +272,46 @@ def test_raw_binary_of_wrong_length(agent: RunningAgent) -> None:
     assert resp.status_code == 400 and "1000 bytes" in resp.json()["error"]
 
 
-TFS_CASES = [
-    ("both formats", {"instances": [ROW], "inputs": [ROW]}, "exactly one of"),
-    ("neither format", {"rows": [ROW]}, "exactly one of"),
-    ("ragged instances", {"instances": [ROW, ROW[:10]]}, "instances"),
-    ("unknown named input", {"instances": [{"pixels": ROW}]}, "instances[0].pixels"),
-    ("named input missing", {"inputs": {}}, "inputs.input: is missing"),
-    ("wrong signature", {"signature_name": "classify", "instances": [ROW]}, "signature_name"),
-    ("b64 for a float input", {"instances": [{"b64": "AAAA"}]}, "b64 values are for string inputs"),
-    ("bad base64", {"instances": [{"b64": "!!"}]}, "b64: is not valid base64"),
-    ("wrong row length", {"instances": [ROW[:100]]}, "shape"),
-    ("null in instances", {"instances": [[None, *ROW[1:]]]}, "instances: cannot be read as FP32"),
-    ("null in columns", {"inputs": {"input": [[None, *ROW[1:]]]}}, "inputs.input: cannot be read as FP32"),
-    ("a number as a string", {"instances": [["1", *ROW[1:]]]}, "instances: cannot be read as FP32"),
-]  # fmt: skip
+# description -> (body, part of the message)
+TFS_CASES = {
+    "both formats": ({"instances": [ROW], "inputs": [ROW]}, "exactly one of"),
+    "neither format": ({"rows": [ROW]}, "exactly one of"),
+    "ragged instances": ({"instances": [ROW, ROW[:10]]}, "instances"),
+    "unknown named input": ({"instances": [{"pixels": ROW}]}, "instances[0].pixels"),
+    "named input missing": ({"inputs": {}}, "inputs.input: is missing"),
+    "wrong signature": ({"signature_name": "classify", "instances": [ROW]}, "signature_name"),
+    "b64 for a float input": ({"instances": [{"b64": "AAAA"}]}, "b64 values are for string inputs"),
+    "bad base64": ({"instances": [{"b64": "!!"}]}, "b64: is not valid base64"),
+    "wrong row length": ({"instances": [ROW[:100]]}, "shape"),
+    "null in instances": ({"instances": [NULL_ROW]}, "instances: cannot be read as FP32"),
+    "null in columns": ({"inputs": {"input": [NULL_ROW]}}, "inputs.input: cannot be read as FP32"),
+    "a number as a string": ({"instances": [STRING_ROW]}, "instances: cannot be read as FP32"),
+}
 
 
-@pytest.mark.parametrize(("what", "body", "needle"), TFS_CASES, ids=[c[0] for c in TFS_CASES])
-def test_tf_serving_mistakes(
-    agent: RunningAgent, what: str, body: dict[str, Any], needle: str
-) -> None:
+@pytest.mark.parametrize(("body", "needle"), list(TFS_CASES.values()), ids=list(TFS_CASES))
+def test_tf_serving_mistakes(agent: RunningAgent, body: dict[str, Any], needle: str) -> None:
     resp = agent.client.post("/v1/models/mlp:predict", json=body)
     assert resp.status_code == 400, resp.text
     assert needle in resp.json()["error"]
 
 
-TFS_STRING_CASES = [
-    ("a number", {"instances": ["a", 3]}, "instances[1]: string inputs take strings"),
-    ("null", {"instances": ["a", None]}, "instances[1]: string inputs take strings"),
-    ("a list among strings", {"instances": ["a", ["b", "c"]]}, "instances[1]: string inputs take strings"),
-    ("a number in columns", {"inputs": ["a", "b", 3]}, "inputs[2]: string inputs take strings"),
-]  # fmt: skip
+NOT_A_STRING = "instances[1]: string inputs take strings"
+
+# description -> (body, part of the message)
+TFS_STRING_CASES = {
+    "a number": ({"instances": ["a", 3]}, NOT_A_STRING),
+    "null": ({"instances": ["a", None]}, NOT_A_STRING),
+    "a list among strings": ({"instances": ["a", ["b", "c"]]}, NOT_A_STRING),
+    "a number in columns": ({"inputs": ["a", "b", 3]}, "inputs[2]: string inputs take strings"),
+}
 
 
 @pytest.mark.parametrize(
-    ("what", "body", "needle"), TFS_STRING_CASES, ids=[c[0] for c in TFS_STRING_CASES]
+    ("body", "needle"), list(TFS_STRING_CASES.values()), ids=list(TFS_STRING_CASES)
 )
 def test_tf_serving_string_inputs_take_only_strings(
-    agent: RunningAgent, what: str, body: dict[str, Any], needle: str
+    agent: RunningAgent, body: dict[str, Any], needle: str
 ) -> None:
     resp = agent.client.post("/v1/models/upper:predict", json=body)
     assert resp.status_code == 400, resp.text

@@ -36,9 +36,13 @@ def _lookup(agent: RunningAgent, index: int) -> httpx.Response:
 
 def _upper(agent: RunningAgent, text: bytes) -> httpx.Response:
     # binary: only the binary extension can carry a string that is not UTF-8
-    head = json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
-                                   "parameters": {"binary_data_size": 4 + len(text)}}],
-                       "parameters": {"binary_data_output": False}}).encode()  # fmt: skip
+    binary = {
+        "name": "text",
+        "shape": [1],
+        "datatype": "BYTES",
+        "parameters": {"binary_data_size": 4 + len(text)},
+    }
+    head = json.dumps({"inputs": [binary], "parameters": {"binary_data_output": False}}).encode()
     return agent.client.post(
         "/v2/models/upper/infer",
         content=head + len(text).to_bytes(4, "little") + text,

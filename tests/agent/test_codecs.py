@@ -20,12 +20,19 @@ from runtimes.signature import ModelSignature, TensorSpec
 
 SAMPLES = {
     "BOOL": [True, False, True, True],
-    "UINT8": [0, 1, 254, 255], "UINT16": [0, 1, 65534, 65535], "UINT32": [0, 1, 2**32 - 2, 2**32 - 1],
-    "UINT64": [0, 1, 2**63, 2**64 - 1], "INT8": [-128, -1, 0, 127], "INT16": [-32768, -1, 0, 32767],
-    "INT32": [-(2**31), -1, 0, 2**31 - 1], "INT64": [-(2**63), -1, 0, 2**63 - 1],
-    "FP16": [0.5, -1.25, 2.0, 65504.0], "FP32": [0.1, -2.5, 3.4e38, 1e-38], "FP64": [0.1, -2.5, 1e308, 5e-324],
+    "UINT8": [0, 1, 254, 255],
+    "UINT16": [0, 1, 65534, 65535],
+    "UINT32": [0, 1, 2**32 - 2, 2**32 - 1],
+    "UINT64": [0, 1, 2**63, 2**64 - 1],
+    "INT8": [-128, -1, 0, 127],
+    "INT16": [-32768, -1, 0, 32767],
+    "INT32": [-(2**31), -1, 0, 2**31 - 1],
+    "INT64": [-(2**63), -1, 0, 2**63 - 1],
+    "FP16": [0.5, -1.25, 2.0, 65504.0],
+    "FP32": [0.1, -2.5, 3.4e38, 1e-38],
+    "FP64": [0.1, -2.5, 1e308, 5e-324],
     "BYTES": ["a", "", "ünïcode", "x" * 100],
-}  # fmt: skip
+}
 
 
 def _request(datatype: str, data: list[object], binary: bool) -> tuple[bytes, int | None]:
@@ -177,8 +184,8 @@ def test_json_numbers_keep_their_value_and_nesting() -> None:
 
 
 def test_binary_data_output_must_be_a_boolean() -> None:
-    body = {"inputs": [{"name": "t", "shape": [1], "datatype": "FP32", "data": [1.0]}],
-            "parameters": {"binary_data_output": "false"}}  # fmt: skip
+    tensor = {"name": "t", "shape": [1], "datatype": "FP32", "data": [1.0]}
+    body = {"inputs": [tensor], "parameters": {"binary_data_output": "false"}}
     with pytest.raises(
         RequestError, match=r"^parameters\.binary_data_output: must be true or false"
     ):

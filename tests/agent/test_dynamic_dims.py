@@ -26,8 +26,8 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
 
 
 def _hits(agent: RunningAgent, rows: list[list[float]]) -> httpx.Response:
-    body = {"inputs": [{"name": "x", "shape": [len(rows), 4], "datatype": "FP32",
-                        "data": [v for row in rows for v in row]}]}  # fmt: skip
+    data = [v for row in rows for v in row]
+    body = {"inputs": [{"name": "x", "shape": [len(rows), 4], "datatype": "FP32", "data": data}]}
     return agent.client.post("/v2/models/hits/infer", json=body)
 
 
@@ -53,8 +53,9 @@ def test_a_dynamic_resolution_model_serves_without_a_golden_sample(agent: Runnin
         m for m in index if m["name"] == "conv"
     ).items(), index
     image = np.arange(2 * 5 * 6, dtype=np.float32).reshape(2, 1, 5, 6)
-    body = {"inputs": [{"name": "image", "shape": list(image.shape), "datatype": "FP32",
-                        "data": image.ravel().tolist()}]}  # fmt: skip
+    data = image.ravel().tolist()
+    tensor = {"name": "image", "shape": list(image.shape), "datatype": "FP32", "data": data}
+    body = {"inputs": [tensor]}
     resp = agent.client.post("/v2/models/conv/infer", json=body)
     assert resp.status_code == 200, resp.text
     (output,) = resp.json()["outputs"]

@@ -271,9 +271,9 @@ def test_tf_serving_b64_strings(agent: RunningAgent) -> None:
 
 def test_tf_serving_status_and_metadata(agent: RunningAgent) -> None:
     status = agent.client.get("/v1/models/mlp").json()
-    assert status == {"model_version_status": [
-        {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
-    ]}  # fmt: skip
+    ok = {"error_code": "OK", "error_message": ""}
+    available = {"version": "1", "state": "AVAILABLE", "status": ok}
+    assert status == {"model_version_status": [available]}
     assert agent.client.get("/v1/models/mlp/versions/1").status_code == 200
     meta = agent.client.get("/v1/models/mlp/metadata").json()
     sig = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]

@@ -27,8 +27,8 @@ def add_version(repo: Path, model: str, source: str, version: int) -> Path:
 
 def infer(client: httpx.Client, model: str = "mlp", version: str | None = None) -> httpx.Response:
     path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
-    return client.post(path, json={"inputs": [{"name": "input", "shape": [1, 256], "datatype": "FP32",
-                                               "data": ROW.ravel().tolist()}]})  # fmt: skip
+    tensor = {"name": "input", "shape": [1, 256], "datatype": "FP32", "data": ROW.ravel().tolist()}
+    return client.post(path, json={"inputs": [tensor]})
 
 
 def index(agent: RunningAgent) -> dict[tuple[str, str], tuple[str, str]]:
@@ -200,8 +200,8 @@ def test_memory_budget_refuses_a_load_and_evicts_idle_evictable_models(
         text.replace("memory_budget_fraction = 0.6", "memory_budget_mb = 20")
     )
     root = MACHINES["generic-x86_64"].build(tmp_path / "root")
-    repo = copy_models(example_repo, tmp_path / "repo", "mlp",
-                       configs={"mlp": "memory_mb = 12\nevictable = true\n"})  # fmt: skip
+    configs = {"mlp": "memory_mb = 12\nevictable = true\n"}
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp", configs=configs)
     with serve(repo, profiles_dir=profiles, hardware_root=root) as agent:
         for name in ("mlp_b", "mlp_c"):
             shutil.copytree(repo / "mlp", repo / name)

@@ -39,11 +39,8 @@ def _reference() -> bytes:
     rows = Counter("edgefleet_inference_rows", "x", labels, registry=r)
     batches = Counter("edgefleet_batch_executions", "x", labels, registry=r)
     size = Histogram("edgefleet_batch_size_rows", "x", labels, buckets=BATCH_BUCKETS, registry=r)
-    times = [
-        Histogram(name, "x", labels, buckets=LATENCY_BUCKETS_S, registry=r)
-        for name in ("edgefleet_request_seconds", "edgefleet_queue_seconds",
-                     "edgefleet_compute_seconds")
-    ]  # fmt: skip
+    names = ("edgefleet_request_seconds", "edgefleet_queue_seconds", "edgefleet_compute_seconds")
+    times = [Histogram(n, "x", labels, buckets=LATENCY_BUCKETS_S, registry=r) for n in names]
     for t in TIMES:
         requests.labels("m", "1", "success").inc()
         for i, histogram in enumerate(times):
@@ -75,5 +72,5 @@ def test_hot_series_expose_what_prometheus_client_would() -> None:
     assert ours == expected
     assert len(ours) == 82  # every bucket, count and sum of every series: not an empty match
     # and exactly where the buckets say: 0.0005 is in le=0.0005, 0.00050001 is not
-    assert ours["edgefleet_request_seconds_bucket", (("le", "0.0005"), ("model", "m"),
-                                                     ("version", "1"))] == 2  # fmt: skip
+    labels = (("le", "0.0005"), ("model", "m"), ("version", "1"))
+    assert ours["edgefleet_request_seconds_bucket", labels] == 2

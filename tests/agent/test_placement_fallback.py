@@ -47,9 +47,10 @@ def test_a_delegate_that_does_not_load_falls_back_to_the_next_candidate(
     with serve(setup.pop("repository"), **setup) as agent:  # type: ignore[arg-type]
         metadata = agent.client.get("/v2/models/mlp_tflite").json()
         assert metadata["parameters"]["placement"] == "litert CPU", metadata
-        body = {"inputs": [{"name": metadata["inputs"][0]["name"], "datatype": "FP32",
-                            "shape": [1, *metadata["inputs"][0]["shape"][1:]],
-                            "data": [0.5] * metadata["inputs"][0]["shape"][1]}]}  # fmt: skip
+        spec = metadata["inputs"][0]
+        shape, data = [1, *spec["shape"][1:]], [0.5] * spec["shape"][1]
+        tensor = {"name": spec["name"], "datatype": "FP32", "shape": shape, "data": data}
+        body = {"inputs": [tensor]}
         assert agent.client.post("/v2/models/mlp_tflite/infer", json=body).status_code == 200
     failed = [r for r in caplog.records if r.getMessage().startswith("placement failed")]
     assert [r.placement for r in failed] == ["litert GPU via libm.so.6"]  # type: ignore[attr-defined]

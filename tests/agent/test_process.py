@@ -71,17 +71,21 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(
             in_flight = value('edgefleet_pending_requests{model="cnn"')
             return value('edgefleet_requests_total{model="cnn"') + in_flight, in_flight
 
+        def six_taken_some_in_flight() -> bool:
+            accepted, in_flight = accepted_and_in_flight()
+            return accepted == 6 and in_flight >= 1
+
         with ThreadPoolExecutor(6) as pool:
             futures = [pool.submit(call, i) for i in range(6)]
             # all six taken by the agent, and at least one still running, when SIGTERM lands
-            wait_until(lambda: (lambda a, f: a == 6 and f >= 1)(*accepted_and_in_flight()),
-                       what="six requests taken, some in flight")  # fmt: skip
+            wait_until(six_taken_some_in_flight, what="six requests taken, some in flight")
             agent.proc.send_signal(signal.SIGTERM)
             responses = [f.result() for f in futures]
         assert [r.status_code for r in responses] == [200] * 6
+        expected = np.concatenate([golden.outputs["logits"]] * 12)
         for r in responses:
-            np.testing.assert_allclose(np.array(r.json()["outputs"][0]["data"]).reshape(24, 1000),
-                                       np.concatenate([golden.outputs["logits"]] * 12), rtol=1e-3, atol=1e-3)  # fmt: skip
+            logits = np.array(r.json()["outputs"][0]["data"]).reshape(24, 1000)
+            np.testing.assert_allclose(logits, expected, rtol=1e-3, atol=1e-3)
         assert agent.proc.wait(timeout=60) == 0
         assert "models closed" in agent.log_messages()
         with pytest.raises(httpx.ConnectError):
@@ -118,8 +122,10 @@ def test_invalid_settings_fail_fast_with_the_field(tmp_path: Path) -> None:
         [str(exe), "agent", "--port", "70000"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode != 0 and "port" in result.stderr
-    result = subprocess.run([str(exe), "agent", "--config", str(tmp_path / "absent.toml")],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    absent = str(tmp_path / "absent.toml")
+    result = subprocess.run(
+        [str(exe), "agent", "--config", absent], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode != 0 and "absent.toml does not exist" in result.stderr
 
 
@@ -127,8 +133,10 @@ def test_settings_precedence_file_env_flags(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = tmp_path / "agent.toml"
-    config.write_text('port = 9001\nlog_level = "WARNING"\nmax_rows_per_request = 10\n'
-                      "[runtime]\nintra_op_threads = 2\nallow_spinning = true\n")  # fmt: skip
+    config.write_text(
+        'port = 9001\nlog_level = "WARNING"\nmax_rows_per_request = 10\n'
+        "[runtime]\nintra_op_threads = 2\nallow_spinning = true\n"
+    )
     monkeypatch.setenv("EDGEFLEET_AGENT_LOG_LEVEL", "DEBUG")
     monkeypatch.setenv("EDGEFLEET_AGENT_RUNTIME__INTRA_OP_THREADS", "3")
     settings = load_settings(config, port=9002)

@@ -48,8 +48,9 @@ def pending(agent: RunningAgent) -> int:
 
 
 def post(agent: RunningAgent, x: np.ndarray, **parameters: object) -> httpx.Response:
-    body: dict[str, object] = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
-                                           "data": x.ravel().tolist()}]}  # fmt: skip
+    data = x.ravel().tolist()
+    tensor = {"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": data}
+    body: dict[str, object] = {"inputs": [tensor]}
     if parameters:
         body["parameters"] = parameters
     with httpx.Client(base_url=agent.url, timeout=60) as client:  # one connection per caller
@@ -212,12 +213,18 @@ def test_gated_disconnected_client_is_dropped_from_the_queue(
         held = pool.submit(post, agent, rows_marked(1))
         gate.wait_entered()
         x = rows_marked(2)
-        body = orjson.dumps({"inputs": [{"name": "input", "shape": [1, 256], "datatype": "FP32", "data": x.ravel()}]},
-                            option=orjson.OPT_SERIALIZE_NUMPY)  # fmt: skip
+        tensor = {"name": "input", "shape": [1, 256], "datatype": "FP32", "data": x.ravel()}
+        body = orjson.dumps({"inputs": [tensor]}, option=orjson.OPT_SERIALIZE_NUMPY)
+        head = [
+            "POST /v2/models/mlp/infer HTTP/1.1",
+            "Host: x",
+            "Content-Type: application/json",
+            f"Content-Length: {len(body)}",
+        ]
+        head_bytes = "".join(f"{line}\r\n" for line in head).encode() + b"\r\n"
         host, port = agent.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port))) as sock:
-            sock.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)  # fmt: skip
+            sock.sendall(head_bytes + body)
             wait_until(lambda: pending(agent) == 1, what="the request to queue")
         wait_until(lambda: pending(agent) == 0, what="the dropped request to leave the queue")
         gate.open()

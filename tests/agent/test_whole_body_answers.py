@@ -25,8 +25,8 @@ ROWS = 80  # a JSON body of about 80 KB
 
 
 def _doc(x: np.ndarray) -> dict[str, object]:
-    return {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
-                        "data": x.ravel().tolist()}]}  # fmt: skip
+    data = x.ravel().tolist()
+    return {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": data}]}
 
 
 def test_a_large_request_is_answered_as_a_small_one_is(

@@ -79,10 +79,16 @@ def start_agent(
         if not repo.exists():
             copy_models(example_repo, repo, "mlp")
         fleet = FleetSettings(
-            mqtt_url=broker.url, device_id=device_id, labels=labels, state_dir=tmp_path / f"state-{device_id}",
-            trust_root_file=cp.trust_root_file, telemetry_interval_s=0.2, reconnect_min_s=0.05,
-            reconnect_max_s=0.5, **overrides,
-        )  # fmt: skip
+            mqtt_url=broker.url,
+            device_id=device_id,
+            labels=labels,
+            state_dir=tmp_path / f"state-{device_id}",
+            trust_root_file=cp.trust_root_file,
+            telemetry_interval_s=0.2,
+            reconnect_min_s=0.05,
+            reconnect_max_s=0.5,
+            **overrides,
+        )
         return serve(repo, profile=profile, fleet=fleet)
 
     return start

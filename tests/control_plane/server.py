@@ -48,13 +48,23 @@ def control_plane(
     state_dir: Path, db_url: str, mqtt_url: str, port: int, **overrides: Any
 ) -> Iterator[RunningControlPlane]:
     settings = ControlPlaneSettings(
-        db_url=db_url, mqtt_url=mqtt_url, host="127.0.0.1", port=port, state_dir=state_dir,
-        artifact_dir=state_dir / "artifacts", rollout_tick_s=0.2, ingest_max_delay_s=0.05,
-        ingest_telemetry_delay_s=0.05, **overrides,
-    )  # fmt: skip
+        db_url=db_url,
+        mqtt_url=mqtt_url,
+        host="127.0.0.1",
+        port=port,
+        state_dir=state_dir,
+        artifact_dir=state_dir / "artifacts",
+        rollout_tick_s=0.2,
+        ingest_max_delay_s=0.05,
+        ingest_telemetry_delay_s=0.05,
+        **overrides,
+    )
     services, trust = build(settings)
-    server = uvicorn.Server(uvicorn.Config(create_app(services, trust), host="127.0.0.1", port=port,
-                                           log_config=None, access_log=False, loop="asyncio"))  # fmt: skip
+    app = create_app(services, trust)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_config=None, access_log=False, loop="asyncio"
+    )
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

@@ -199,8 +199,24 @@ def test_rows_many_to_a_statement_are_stored_as_one_a_statement_would_store_them
     base = datetime(2026, 12, 3, 7, 0, tzinfo=UTC)
 
     def row(i: int, requests: int) -> tuple[object, ...]:
-        return (f"dev-{i % 7}", i, base + timedelta(seconds=i), 10.0, "mlp", 2, requests,
-                0, requests, 1, 1.0, None, 3.5, 0, base)  # fmt: skip
+        values = {
+            "device_id": f"dev-{i % 7}",
+            "seq": i,
+            "time": base + timedelta(seconds=i),
+            "window_s": 10.0,
+            "model": "mlp",
+            "version": 2,
+            "requests": requests,
+            "errors": 0,
+            "rows": requests,
+            "batches": 1,
+            "p50_ms": 1.0,
+            "p95_ms": None,
+            "p99_ms": 3.5,
+            "queue_depth": 0,
+            "received_at": base,
+        }
+        return tuple(values[column] for column in STORED_SAMPLE_COLUMNS)
 
     async def run() -> tuple[int, list[tuple[int, int]]]:
         engine = make_engine(db_url)
@@ -241,8 +257,8 @@ def test_what_ingest_holds_does_not_wake_the_collector(tmp_path: Path) -> None:
     def collections(thresholds: tuple[int, int, int]) -> int:
         async def hold() -> int:
             engine = make_engine(url)
-            ingest = Ingestor(session_factory(engine), FleetMetrics(), batch_size=held,
-                              max_delay_s=60, ack_window=held)  # fmt: skip
+            sessions, metrics = session_factory(engine), FleetMetrics()
+            ingest = Ingestor(sessions, metrics, batch_size=held, max_delay_s=60, ack_window=held)
             acked: list[tuple[bytes, int]] = []
 
             def ack(key: bytes, seq: int) -> None:  # as the MQTT connection's, made once

@@ -64,8 +64,10 @@ def test_cli_push_validate_label_roll_out_and_rotate_keys(
         assert edgefleet(cp, op, "devices", "label", "dev-b", "ring=canary").returncode == 0
         listed = edgefleet(cp, op, "devices", "list", "--label", "ring=canary")
         assert "dev-b" in listed.stdout and "dev-a" not in listed.stdout
-        created = edgefleet(cp, op, "rollouts", "create", "--model", "mlp", "--version", "2", "--selector",
-                            "ring=canary", "--waves", "100%", "--bake-time", "0.5")  # fmt: skip
+        create = ["rollouts", "create", "--model", "mlp"]
+        one_wave = ["--waves", "100%", "--bake-time", "0.5"]
+        canary = ["--selector", "ring=canary"]
+        created = edgefleet(cp, op, *create, "--version", "2", *canary, *one_wave)
         assert created.returncode == 0, created.stderr
         assert created.stdout.startswith("rollout 1: running, 1 devices in 1 waves")
         watched = edgefleet(cp, op, "rollouts", "status", "1", "--watch")
@@ -78,8 +80,11 @@ def test_cli_push_validate_label_roll_out_and_rotate_keys(
         admin = (cp.state_dir / "admin-token").read_text().strip()
         rotated = edgefleet(cp, admin, "keys", "rotate")
         assert rotated.returncode == 0 and "signing with" in rotated.stdout
-        wait_until(lambda: b.state.fleet.trust.version == 2 and a.state.fleet.trust.version == 2,  # type: ignore[union-attr]
-                   what="trust root 2 on both devices")  # fmt: skip
+
+        def both_on_trust_root_2() -> bool:
+            return b.state.fleet.trust.version == 2 and a.state.fleet.trust.version == 2  # type: ignore[union-attr]
+
+        wait_until(both_on_trust_root_2, what="trust root 2 on both devices")
         assert (
             edgefleet(
                 cp, op, "models", "push", "mlp", "3", str(v3), "--config", str(config)
@@ -87,12 +92,12 @@ def test_cli_push_validate_label_roll_out_and_rotate_keys(
             == 0
         )
         assert edgefleet(cp, op, "models", "validate", "mlp", "3").returncode == 0
-        edgefleet(cp, op, "rollouts", "create", "--model", "mlp", "--version", "3", "--waves", "100%",
-                  "--bake-time", "0.5")  # fmt: skip
+        edgefleet(cp, op, *create, "--version", "3", *one_wave)
         doc = wait_rollout(cp, 2, "succeeded")
         assert doc["state"] == "succeeded" and served(a) == "3" and served(b) == "3"
-        old_key = next(k["key_id"] for k in cp.admin.get("/api/v1/keys").json()["trust_root"]["manifest_keys"]
-                       if k["key_id"] != rotated.stdout.split()[2].rstrip(";"))  # fmt: skip
+        keys = cp.admin.get("/api/v1/keys").json()["trust_root"]["manifest_keys"]
+        new_key = rotated.stdout.split()[2].rstrip(";")
+        old_key = next(k["key_id"] for k in keys if k["key_id"] != new_key)
         revoked = edgefleet(cp, admin, "keys", "revoke", old_key)
         assert revoked.returncode == 0 and old_key in revoked.stdout
         wait_until(lambda: old_key in a.state.fleet.trust.revoked, what="the revocation")  # type: ignore[union-attr]
@@ -102,8 +107,12 @@ def test_cli_push_validate_label_roll_out_and_rotate_keys(
 
 def test_telemetry_is_downsampled_and_expires(db_url: str, tmp_path: Path) -> None:
     migrate(db_url)
-    settings = ControlPlaneSettings(db_url=db_url, telemetry_raw_retention_s=3600, telemetry_rollup_s=60,
-                                    telemetry_rollup_retention_s=86400)  # fmt: skip
+    settings = ControlPlaneSettings(
+        db_url=db_url,
+        telemetry_raw_retention_s=3600,
+        telemetry_rollup_s=60,
+        telemetry_rollup_retention_s=86400,
+    )
     now = datetime(2026, 12, 1, 12, 0, 30, tzinfo=UTC)
 
     async def scenario() -> tuple[int, list[tuple[int, int, float | None]], int]:
@@ -114,16 +123,32 @@ def test_telemetry_is_downsampled_and_expires(db_url: str, tmp_path: Path) -> No
             (7200, 7190, 7180, 10, 200000)
         ):  # three old, one fresh, one ancient
             at = now - timedelta(seconds=age)
-            rows.append({"device_id": "d", "seq": i + 1, "time": at, "received_at": at,
-                         "window_s": 10, "model": "m", "version": 1, "requests": 10, "errors": i,
-                         "rows": 10, "batches": 1, "p50_ms": 1.0, "p95_ms": 2.0, "p99_ms": 3.0 + i,
-                         "queue_depth": 0})  # fmt: skip
+            row = {
+                "device_id": "d",
+                "seq": i + 1,
+                "time": at,
+                "received_at": at,
+                "window_s": 10,
+                "model": "m",
+                "version": 1,
+                "requests": 10,
+                "errors": i,
+                "rows": 10,
+                "batches": 1,
+                "p50_ms": 1.0,
+                "p95_ms": 2.0,
+                "p99_ms": 3.0 + i,
+                "queue_depth": 0,
+            }
+            rows.append(row)
         async with sessions.begin() as s:
             await insert_ignore(s, TelemetrySample.__table__, rows)
         folded = await compact(sessions, settings, now=now)
         async with sessions() as s:
-            rollups = (await s.execute(select(TelemetryRollup.requests, TelemetryRollup.errors,
-                                              TelemetryRollup.p99_ms_max))).all()  # fmt: skip
+            query = select(
+                TelemetryRollup.requests, TelemetryRollup.errors, TelemetryRollup.p99_ms_max
+            )
+            rollups = (await s.execute(query)).all()
             raw = (await s.execute(select(func.count()).select_from(TelemetrySample))).scalar_one()
         await engine.dispose()
         return folded, [tuple(r) for r in rollups], raw
@@ -170,11 +195,9 @@ def test_retention_reads_what_expired_through_the_time_index(tmp_path: Path) -> 
 
 
 def _message(device_id: str, seq: int, at: str, model: str) -> bytes:
-    return json.dumps(
-        {"device_id": device_id, "seq": seq, "time": at, "window_s": 10.0,
-         "models": [{"model": model, "version": 1, "requests": seq, "errors": 0, "rows": seq,
-                     "batches": 1}]}
-    ).encode()  # fmt: skip
+    stats = {"model": model, "version": 1, "requests": seq, "errors": 0, "rows": seq, "batches": 1}
+    doc = {"device_id": device_id, "seq": seq, "time": at, "window_s": 10.0, "models": [stats]}
+    return json.dumps(doc).encode()
 
 
 def test_a_devices_windows_are_a_range_of_the_time_index(db_url: str) -> None:
@@ -210,11 +233,11 @@ def test_a_devices_windows_are_a_range_of_the_time_index(db_url: str) -> None:
         return out
 
     found = asyncio.run(scenario())
-    assert found["dev-a", None] == [("dev-a", 4, "n"), ("dev-a", 3, "m"), ("dev-a", 2, "n"),
-                                    ("dev-a", 1, "m")]  # fmt: skip
+    newest_first = [("dev-a", 4, "n"), ("dev-a", 3, "m"), ("dev-a", 2, "n"), ("dev-a", 1, "m")]
+    assert found["dev-a", None] == newest_first
     assert found["dev-a", "m"] == [("dev-a", 3, "m"), ("dev-a", 1, "m")]
-    assert sorted(found[None, "n"]) == [("dev-a", 2, "n"), ("dev-a", 4, "n"), ("dev-b", 2, "n"),
-                                        ("dev-b", 4, "n")]  # fmt: skip
+    of_n = [("dev-a", 2, "n"), ("dev-a", 4, "n"), ("dev-b", 2, "n"), ("dev-b", 4, "n")]
+    assert sorted(found[None, "n"]) == of_n
     if db_url.startswith("sqlite"):
         engine = create_engine(sync_url(db_url))
         plans = []

@@ -89,8 +89,10 @@ def test_a_second_rollout_of_a_model_on_the_same_device_waits_for_the_first(
             )
             validate(cp.admin, "mlp", version)
         first = rollout(cp, 2, waves=["100%"], bake_time_s=600)
-        wait_until(lambda: _devices(cp, first) == ("running", {"dev-a": "committed"}),
-                   what="dev-a to commit version 2")  # fmt: skip
+        wait_until(
+            lambda: _devices(cp, first) == ("running", {"dev-a": "committed"}),
+            what="dev-a to commit version 2",
+        )
         spec = {"model": "mlp", "version": 3, "selector": {"site": "lab"}, "waves": ["100%"]}
         resp = cp.admin.post("/api/v1/rollouts", json=spec)
         assert resp.status_code == 409 and resp.json()["code"] == "busy", resp.text
@@ -127,8 +129,8 @@ def test_a_wave_where_no_device_committed_fails_and_the_rollback_restores_the_si
         # Before: every device timed out, the gates saw no telemetry, and it "succeeded"
         doc = wait_rollout(cp, rollout_id, "rolled_back", "succeeded", timeout_s=30)
         assert doc["state"] == "rolled_back", doc
-        assert doc["reason"] == "no device of wave 1 committed the update (1 timed out, 0 " \
-            "refused it)"  # fmt: skip
+        reason = "no device of wave 1 committed the update (1 timed out, 0 refused it)"
+        assert doc["reason"] == reason
         assert _devices(cp, rollout_id)[1] == {"dev-b": "reverted"}
         # its retained desired state no longer holds version 2 (before: it did, and the device
         # installed the rolled-back version when it came back)
@@ -179,18 +181,26 @@ def test_a_wave_where_no_device_committed_fails_and_the_rollback_restores_the_si
             watcher.close()
 
 
+def _probe_status(device_id: str) -> DeviceStatus:
+    """The birth message of a probe device, labelled ``site=probe``, that serves nothing yet."""
+    return DeviceStatus(
+        device_id=device_id,
+        online=True,
+        agent_version="probe",
+        hardware_profile="generic-x86_64",
+        labels={"site": "probe"},
+        models=[],
+        sent_at=datetime.now(UTC),
+    )
+
+
 class ProbeDevices:
     """Devices played by one MQTT client (so their messages reach the control plane in order),
     labelled ``site=probe``, where a test must choose what a device says."""
 
     def __init__(self, client: ProbeClient, *device_ids: str) -> None:
         self.client = client
-        self.status = {
-            d: DeviceStatus(device_id=d, online=True, agent_version="probe",
-                            hardware_profile="generic-x86_64", labels={"site": "probe"},
-                            models=[], sent_at=datetime.now(UTC))
-            for d in device_ids
-        }  # fmt: skip
+        self.status = {d: _probe_status(d) for d in device_ids}
         self.seq = dict.fromkeys(device_ids, 0)
         for device_id in device_ids:
             client.subscribe(f"edgefleet/devices/{device_id}/desired")
@@ -224,11 +234,17 @@ class ProbeDevices:
         reason: str | None = None,
     ) -> None:
         doc = UpdateEvent(
-            device_id=device_id, event_id=uuid.uuid4().hex, time=datetime.now(UTC),
-            model="mlp", version=2, sequence=manifest["sequence"],
-            rollout_id=manifest["rollout_id"], state=state, code=code,
+            device_id=device_id,
+            event_id=uuid.uuid4().hex,
+            time=datetime.now(UTC),
+            model="mlp",
+            version=2,
+            sequence=manifest["sequence"],
+            rollout_id=manifest["rollout_id"],
+            state=state,
+            code=code,
             reason=reason or (f"{code} (probe)" if code else None),
-        )  # fmt: skip
+        )
         self.client.publish(f"edgefleet/devices/{device_id}/events", doc.model_dump_json().encode())
 
     def commands(self, device_id: str) -> list[bytes]:
@@ -239,10 +255,18 @@ class ProbeDevices:
     ) -> None:
         """A telemetry window of mlp ``version`` dated ``at`` (by the device's clock)."""
         self.seq[device_id] += 1
-        window = ModelTelemetry(model="mlp", version=version, requests=requests, errors=errors,
-                                rows=requests, batches=requests, p99_ms=p99_ms)  # fmt: skip
-        doc = Telemetry(device_id=device_id, seq=self.seq[device_id], time=at, window_s=10.0,
-                        models=[window])  # fmt: skip
+        window = ModelTelemetry(
+            model="mlp",
+            version=version,
+            requests=requests,
+            errors=errors,
+            rows=requests,
+            batches=requests,
+            p99_ms=p99_ms,
+        )
+        doc = Telemetry(
+            device_id=device_id, seq=self.seq[device_id], time=at, window_s=10.0, models=[window]
+        )
         self.client.publish(
             f"edgefleet/devices/{device_id}/telemetry", doc.model_dump_json().encode()
         )
@@ -269,18 +293,18 @@ def test_a_device_that_committed_stays_committed_when_a_refusal_of_it_repeats(
             rollout_id = _probe_rollout(cp, tmp_path, devices)
             manifest = devices.manifest("dev-p")
             devices.event("dev-p", manifest, UpdateState.COMMITTED)
-            wait_until(lambda: _devices(cp, rollout_id)[1]["dev-p"] == "committed",
-                       what="the commit")  # fmt: skip
+            wait_until(
+                lambda: _devices(cp, rollout_id)[1]["dev-p"] == "committed", what="the commit"
+            )
             devices.event("dev-p", manifest, UpdateState.REJECTED, "superseded")
             # acted on in order: once dev-q's fault shows, dev-p's refusal was acted on too
             devices.event("dev-q", manifest, UpdateState.DOWNLOADING, "disk_full")
-            wait_until(
-                lambda: "disk_full" in {
-                    d["device_id"]: d["reason"]
-                    for d in cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()["devices"]
-                }["dev-q"],
-                what="dev-q's fault on the rollout",
-            )  # fmt: skip
+
+            def dev_q_fault_shows() -> bool:
+                rows = cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()["devices"]
+                return "disk_full" in {d["device_id"]: d["reason"] for d in rows}["dev-q"]
+
+            wait_until(dev_q_fault_shows, what="dev-q's fault on the rollout")
             assert _devices(cp, rollout_id) == ("running", {"dev-p": "committed", "dev-q": "sent"})
         finally:
             client.close()
@@ -298,10 +322,14 @@ def test_a_device_reason_of_many_kilobytes_is_kept_to_its_first_kilobyte(
             devices = ProbeDevices(client, "dev-p")
             rollout_id = _probe_rollout(cp, tmp_path, devices)
             report = "golden output mismatch at " + "x" * 40_000
-            devices.event("dev-p", devices.manifest("dev-p"), UpdateState.REJECTED,
-                          "self_test_failed", reason=report)  # fmt: skip
-            wait_until(lambda: _devices(cp, rollout_id)[0] in ("rolling_back", "rolled_back"),
-                       what="the rollback")  # fmt: skip
+            manifest = devices.manifest("dev-p")
+            devices.event(
+                "dev-p", manifest, UpdateState.REJECTED, "self_test_failed", reason=report
+            )
+            wait_until(
+                lambda: _devices(cp, rollout_id)[0] in ("rolling_back", "rolled_back"),
+                what="the rollback",
+            )
             doc = cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()
             (device,) = doc["devices"]
             assert device["reason"] == (
@@ -330,14 +358,18 @@ def test_a_device_that_reconnects_while_its_rollback_waits_gets_the_command_agai
             # and says so in its status, as an agent does: it serves version 2
             serving = [ServedModel(model="mlp", version=2, sequence=manifest["sequence"])]
             devices.birth("dev-p", models=serving)
-            wait_until(lambda: _devices(cp, rollout_id) == ("running", {"dev-p": "committed"}),
-                       what="the commit")  # fmt: skip
+            wait_until(
+                lambda: _devices(cp, rollout_id) == ("running", {"dev-p": "committed"}),
+                what="the commit",
+            )
             assert cp.admin.post(f"/api/v1/rollouts/{rollout_id}/abort").status_code == 200
             client.wait(lambda: devices.commands("dev-p"), "the rollback command")
             # the device "crashed" with it queued, and comes back: a new birth message
             devices.birth("dev-p")
-            sent = client.wait(lambda: len(devices.commands("dev-p")) >= 2 and devices.commands("dev-p"),
-                               "the rollback command again")  # fmt: skip
+            sent = client.wait(
+                lambda: len(devices.commands("dev-p")) >= 2 and devices.commands("dev-p"),
+                "the rollback command again",
+            )
             first, again = (json.loads(c)["signed"] for c in sent[:2])
             assert again["type"] == "rollback" and again["from_version"] == 2
             assert again["command_id"] != first["command_id"]
@@ -366,8 +398,9 @@ def test_the_error_gate_judges_a_device_whose_clock_is_off(
             devices = ProbeDevices(client, "dev-p")
             rollout_id = _probe_rollout(cp, tmp_path, devices)
             devices.event("dev-p", devices.manifest("dev-p"), UpdateState.COMMITTED)
-            wait_until(lambda: _devices(cp, rollout_id)[1] == {"dev-p": "committed"},
-                       what="the commit")  # fmt: skip
+            wait_until(
+                lambda: _devices(cp, rollout_id)[1] == {"dev-p": "committed"}, what="the commit"
+            )
             devices.telemetry("dev-p", datetime.now(UTC) + skew, 2, 50, 25, 3.0)
             doc = wait_rollout(cp, rollout_id, "rolling_back", "rolled_back", timeout_s=30)
             assert doc["reason"].startswith("error rate 50.0% over 50 requests"), doc
@@ -398,8 +431,9 @@ def test_the_latency_gate_compares_windows_received_before_and_after_the_rollout
             wait_until(lambda: _windows(cp, model="mlp", version=1), what="version 1's window")
             rollout_id = _probe_rollout(cp, tmp_path, devices)
             devices.event("dev-p", devices.manifest("dev-p"), UpdateState.COMMITTED)
-            wait_until(lambda: _devices(cp, rollout_id)[1] == {"dev-p": "committed"},
-                       what="the commit")  # fmt: skip
+            wait_until(
+                lambda: _devices(cp, rollout_id)[1] == {"dev-p": "committed"}, what="the commit"
+            )
             devices.telemetry("dev-p", datetime.now(UTC) + ahead, 2, 50, 0, 20.0)
             doc = wait_rollout(cp, rollout_id, "rolling_back", "rolled_back", timeout_s=30)
             assert doc["reason"].startswith("p99 latency 20.0 ms is 10.00x"), doc

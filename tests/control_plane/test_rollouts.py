@@ -24,17 +24,22 @@ X = np.random.default_rng(8).standard_normal((2, 256)).astype(np.float32)
 DEVICE_HEALTH = {"window_s": 0.2, "min_requests": 100000}  # devices commit; the fleet gates judge
 
 
-def push(client: httpx.Client, name: str, version: int, variants: list[tuple[Path, list[str]]],
-         health: dict[str, Any] | None = None) -> None:  # fmt: skip
+def push(
+    client: httpx.Client,
+    name: str,
+    version: int,
+    variants: list[tuple[Path, list[str]]],
+    health: dict[str, Any] | None = None,
+) -> None:
     fmts = [("tflite" if (d / "model.tflite").exists() else "onnx") for d, _ in variants]
-    resp = client.post(f"/api/v1/models/{name}/versions", json={
-        "version": version, "variants": [{"format": f, "profiles": p} for f, (_, p) in zip(fmts, variants, strict=True)],
-        "health": health or DEVICE_HEALTH})  # fmt: skip
+    described = [{"format": f, "profiles": p} for f, (_, p) in zip(fmts, variants, strict=True)]
+    spec = {"version": version, "variants": described, "health": health or DEVICE_HEALTH}
+    resp = client.post(f"/api/v1/models/{name}/versions", json=spec)
     assert resp.status_code == 201, resp.text
     for i, (directory, _) in enumerate(variants):
         model_file = directory / ("model.tflite" if fmts[i] == "tflite" else "model.onnx")
-        resp = client.put(f"/api/v1/models/{name}/versions/{version}/variants/{i}/files/{model_file.name}",
-                          content=model_file.read_bytes())  # fmt: skip
+        url = f"/api/v1/models/{name}/versions/{version}/variants/{i}/files/{model_file.name}"
+        resp = client.put(url, content=model_file.read_bytes())
         assert resp.status_code == 200, resp.text
     resp = client.put(
         f"/api/v1/models/{name}/versions/{version}/golden",
@@ -97,8 +102,15 @@ def served(agent: RunningAgent) -> str:
 
 
 def rollout(cp: RunningControlPlane, version: int, **overrides: Any) -> int:
-    spec = {"model": "mlp", "version": version, "selector": {"site": "lab"}, "waves": ["1", "100%"],
-            "bake_time_s": 0.5, "device_timeout_s": 60, **overrides}  # fmt: skip
+    spec = {
+        "model": "mlp",
+        "version": version,
+        "selector": {"site": "lab"},
+        "waves": ["1", "100%"],
+        "bake_time_s": 0.5,
+        "device_timeout_s": 60,
+        **overrides,
+    }
     resp = cp.admin.post("/api/v1/rollouts", json=spec)
     assert resp.status_code == 201, resp.text
     return int(resp.json()["id"])
@@ -136,8 +148,12 @@ def test_push_validate_and_roll_out_in_waves_to_two_hardware_profiles(
                 agent.client.get("/v2/models/mlp").json()["platform"] == platform
             )  # its own artifact
         inventory = {d["id"]: d for d in cp.admin.get("/api/v1/devices").json()}
-        wait_until(lambda: all(m["version"] == 2 for d in cp.admin.get("/api/v1/devices").json() for m in d["models"]),
-                   what="the inventory to show version 2")  # fmt: skip
+
+        def all_on_version_2() -> bool:
+            devices = cp.admin.get("/api/v1/devices").json()
+            return all(m["version"] == 2 for d in devices for m in d["models"])
+
+        wait_until(all_on_version_2, what="the inventory to show version 2")
         assert inventory["dev-b"]["hardware_profile"] == "raspberry-pi-5"
         audit = cp.admin.get("/api/v1/audit").json()
         assert {"version.create", "version.upload", "version.validate", "rollout.create"} <= {
@@ -250,8 +266,12 @@ def test_offline_device_catches_up_when_it_returns(
     with start_control_plane() as cp, start_agent("dev-a", cp) as a:
         with start_agent("dev-b", cp):
             wait_devices(cp, "dev-a", "dev-b")
-        wait_until(lambda: not {d["id"]: d for d in cp.admin.get("/api/v1/devices").json()}["dev-b"]["online"],
-                   what="dev-b offline")  # fmt: skip
+
+        def dev_b_offline() -> bool:
+            devices = {d["id"]: d for d in cp.admin.get("/api/v1/devices").json()}
+            return not devices["dev-b"]["online"]
+
+        wait_until(dev_b_offline, what="dev-b offline")
         push(cp.admin, "mlp", 2, [(mlp_version(tmp_path / "v2", seed=2), [])])
         validate(cp.admin, "mlp", 2)
         rollout_id = rollout(cp, 2, waves=["100%"])

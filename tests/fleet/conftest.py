@@ -42,10 +42,16 @@ def fleet_settings(
 ) -> FleetSettings:
     trust = fleet.write_trust_root(state_dir.parent / f"{state_dir.name}-trust.json")
     values: dict[str, Any] = {
-        "mqtt_url": broker.url, "device_id": "dev-1", "state_dir": state_dir, "trust_root_file": trust,
-        "telemetry_interval_s": 0.2, "labels": {"site": "lab"}, "reconnect_min_s": 0.05,
-        "reconnect_max_s": 0.5, "download_attempts": 3,
-    }  # fmt: skip
+        "mqtt_url": broker.url,
+        "device_id": "dev-1",
+        "state_dir": state_dir,
+        "trust_root_file": trust,
+        "telemetry_interval_s": 0.2,
+        "labels": {"site": "lab"},
+        "reconnect_min_s": 0.05,
+        "reconnect_max_s": 0.5,
+        "download_attempts": 3,
+    }
     values.update(overrides)
     return FleetSettings(**values)
 

@@ -23,13 +23,21 @@ from common.protocol.topics import Topics
 from tests.fleet.artifacts import ArtifactServer
 
 
-def new_trust_root(root: SigningKey, manifest_keys: list[SigningKey], *, version: int = 1,
-                   revoked: list[str] | None = None, root_keys: list[SigningKey] | None = None) -> TrustRoot:  # fmt: skip
+def new_trust_root(
+    root: SigningKey,
+    manifest_keys: list[SigningKey],
+    *,
+    version: int = 1,
+    revoked: list[str] | None = None,
+    root_keys: list[SigningKey] | None = None,
+) -> TrustRoot:
     return TrustRoot(
-        version=version, root_keys=[k.public() for k in (root_keys or [root])],
-        manifest_keys=[k.public() for k in manifest_keys], revoked=revoked or [],
+        version=version,
+        root_keys=[k.public() for k in (root_keys or [root])],
+        manifest_keys=[k.public() for k in manifest_keys],
+        revoked=revoked or [],
         issued_at=datetime.now(UTC),
-    )  # fmt: skip
+    )
 
 
 @dataclass
@@ -44,8 +52,10 @@ class Fleet:
     def __post_init__(self) -> None:
         self._cond = threading.Condition()
         host, port = self.broker_url.removeprefix("mqtt://").split(":")
-        self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"test-fleet-{uuid.uuid4().hex[:8]}",
-                                   protocol=mqtt.MQTTv5)  # fmt: skip
+        client_id = f"test-fleet-{uuid.uuid4().hex[:8]}"
+        self._client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
+        )
         self._client.on_message = self._on_message
         self._client.on_connect = lambda c, *_: c.subscribe(self.topics.all_devices("#"), qos=1)
         # A persistent session: the broker keeps what devices publish while we reconnect.
@@ -100,11 +110,20 @@ class Fleet:
     # -- manifests ---------------------------------------------------------------------
 
     def manifest(
-        self, model: str, version: int, sequence: int, version_dir: Path, *, fmt: str = "onnx",
-        profiles: list[str] | None = None, config: dict[str, Any] | None = None,
-        health: dict[str, Any] | None = None, target: dict[str, Any] | None = None,
-        expires_in: timedelta = timedelta(hours=1), issued_at: datetime | None = None,
-    ) -> dict[str, Any]:  # fmt: skip
+        self,
+        model: str,
+        version: int,
+        sequence: int,
+        version_dir: Path,
+        *,
+        fmt: str = "onnx",
+        profiles: list[str] | None = None,
+        config: dict[str, Any] | None = None,
+        health: dict[str, Any] | None = None,
+        target: dict[str, Any] | None = None,
+        expires_in: timedelta = timedelta(hours=1),
+        issued_at: datetime | None = None,
+    ) -> dict[str, Any]:
         files, golden = [], None
         for path in sorted(version_dir.iterdir()):
             digest, size, url = self.artifacts.add(path)
@@ -115,13 +134,19 @@ class Fleet:
                 files.append(ref)
         issued = issued_at or datetime.now(UTC)
         return {
-            "schema_version": 1, "model": model, "version": version, "sequence": sequence,
+            "schema_version": 1,
+            "model": model,
+            "version": version,
+            "sequence": sequence,
             "artifacts": [{"format": fmt, "profiles": profiles or [], "files": files}],
-            "golden": golden, "config": config or {},
+            "golden": golden,
+            "config": config or {},
             "health": {"window_s": 0.2, "min_requests": 1000, **(health or {})},
-            "target": target or {}, "rollout_id": f"test-{sequence}",
-            "issued_at": issued.isoformat(), "expires_at": (issued + expires_in).isoformat(),
-        }  # fmt: skip
+            "target": target or {},
+            "rollout_id": f"test-{sequence}",
+            "issued_at": issued.isoformat(),
+            "expires_at": (issued + expires_in).isoformat(),
+        }
 
     def sign(self, payload: dict[str, Any], key: SigningKey | None = None) -> dict[str, Any]:
         return sign_envelope(payload, key or self.manifest_key).model_dump(mode="json")
@@ -138,17 +163,27 @@ class Fleet:
         self._client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(10)
 
     def command(
-        self, device_id: str, model: str, *, key: SigningKey | None = None,
-        command_id: str | None = None, from_version: int | None = None,
-    ) -> str:  # fmt: skip
+        self,
+        device_id: str,
+        model: str,
+        *,
+        key: SigningKey | None = None,
+        command_id: str | None = None,
+        from_version: int | None = None,
+    ) -> str:
         """Publish a signed rollback command; return its id (the same id sends it again)."""
         now = datetime.now(UTC)
         command_id = command_id or uuid.uuid4().hex
         payload: dict[str, object] = {
-            "schema_version": 1, "command_id": command_id, "device_id": device_id,
-            "type": "rollback", "model": model, "reason": "operator asked",
-            "issued_at": now.isoformat(), "expires_at": (now + timedelta(minutes=5)).isoformat(),
-        }  # fmt: skip
+            "schema_version": 1,
+            "command_id": command_id,
+            "device_id": device_id,
+            "type": "rollback",
+            "model": model,
+            "reason": "operator asked",
+            "issued_at": now.isoformat(),
+            "expires_at": (now + timedelta(minutes=5)).isoformat(),
+        }
         if from_version is not None:
             payload["from_version"] = from_version
         self.publish_raw(
@@ -179,8 +214,9 @@ class Fleet:
                 out.append(f"{e.model}:{e.sequence}:{e.state.value}:{e.code or ''}")
         return out
 
-    def wait_event(self, device_id: str, state: str, *, sequence: int | None = None,
-                   timeout_s: float = 60) -> UpdateEvent:  # fmt: skip
+    def wait_event(
+        self, device_id: str, state: str, *, sequence: int | None = None, timeout_s: float = 60
+    ) -> UpdateEvent:
         def find() -> UpdateEvent | None:
             for e in self.events(device_id):
                 if e.state.value == state and (sequence is None or e.sequence == sequence):

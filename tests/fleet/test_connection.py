@@ -72,17 +72,21 @@ def test_tls_with_a_private_ca(
     ).start()
     try:
         repo = copy_models(example_repo, tmp_path / "repo", "mlp")
-        settings = fleet_settings(fleet, tls_broker, tmp_path / "state", tls_ca_file=ca.cert_path,
-                                  mqtt_url=f"mqtts://127.0.0.1:{tls_broker.port}")  # fmt: skip
+        tls_url = f"mqtts://127.0.0.1:{tls_broker.port}"
+        settings = fleet_settings(
+            fleet, tls_broker, tmp_path / "state", tls_ca_file=ca.cert_path, mqtt_url=tls_url
+        )
         with serve(repo, fleet=settings) as agent:
             wait_until(lambda: agent.state.fleet.connected.is_set(), what="a TLS connection")  # type: ignore[union-attr]
         # without the CA, the broker's certificate is not trusted: no connection
-        untrusted = fleet_settings(
-            fleet, tls_broker, tmp_path / "state2", mqtt_url=f"mqtts://127.0.0.1:{tls_broker.port}"
-        )
+        untrusted = fleet_settings(fleet, tls_broker, tmp_path / "state2", mqtt_url=tls_url)
+
+        def refused() -> bool:
+            errors = (str(r.__dict__.get("error")) for r in caplog.records)
+            return any("CERTIFICATE_VERIFY_FAILED" in error for error in errors)
+
         with caplog.at_level(logging.WARNING), serve(repo, fleet=untrusted) as agent:
-            wait_until(lambda: any("CERTIFICATE_VERIFY_FAILED" in str(r.__dict__.get("error")) for r in caplog.records),
-                       what="the certificate to be refused")  # fmt: skip
+            wait_until(refused, what="the certificate to be refused")
             assert not agent.state.fleet.connected.is_set()  # type: ignore[union-attr]
     finally:
         tls_broker.stop()
@@ -101,8 +105,10 @@ def test_a_tls_file_missing_at_a_reconnect_is_retried_until_it_is_back(
     ca_file.write_bytes(ca.cert_path.read_bytes())
     try:
         repo = copy_models(example_repo, tmp_path / "repo", "mlp")
-        settings = fleet_settings(fleet, tls_broker, tmp_path / "state", tls_ca_file=ca_file,
-                                  mqtt_url=f"mqtts://127.0.0.1:{tls_broker.port}")  # fmt: skip
+        tls_url = f"mqtts://127.0.0.1:{tls_broker.port}"
+        settings = fleet_settings(
+            fleet, tls_broker, tmp_path / "state", tls_ca_file=ca_file, mqtt_url=tls_url
+        )
         with caplog.at_level(logging.WARNING), serve(repo, fleet=settings) as agent:
             client = agent.state.fleet
             assert client is not None

@@ -68,10 +68,9 @@ def _process_config(
     tmp_path: Path, fleet: Fleet, broker: Mosquitto, repo: Path, **fleet_extra: object
 ) -> Path:
     settings = fleet_settings(fleet, broker, tmp_path / "state", device_id="dev-k", **fleet_extra)
-    doc = {
-        "model_repository": str(repo), "port": 0, "log_level": "INFO",
-        "fleet": {k: (str(v) if isinstance(v, Path) else v) for k, v in settings.model_dump(exclude_none=True).items()},
-    }  # fmt: skip
+    fleet_values = settings.model_dump(exclude_none=True)
+    as_toml = {k: (str(v) if isinstance(v, Path) else v) for k, v in fleet_values.items()}
+    doc = {"model_repository": str(repo), "port": 0, "log_level": "INFO", "fleet": as_toml}
     path = tmp_path / "agent.toml"
     path.write_text(tomli_w.dumps(doc))
     return path
@@ -185,8 +184,12 @@ def test_telemetry_while_the_broker_is_down_arrives_after_reconnect_none_lost(
             what="the outbox to drain",
         )
         produced = client.outbox_seq()
-        seqs = fleet.wait(lambda: (s := sorted({t.seq for t in fleet.telemetry("dev-1")})) and s[-1] >= produced and s,
-                          what="every telemetry message")  # fmt: skip
+
+        def seqs_through_produced() -> list[int]:
+            s = sorted({t.seq for t in fleet.telemetry("dev-1")})
+            return s if s and s[-1] >= produced else []
+
+        seqs = fleet.wait(seqs_through_produced, what="every telemetry message")
     assert seqs[:produced] == list(range(1, produced + 1)), "telemetry was lost"
     assert buffered >= 10
     assert all(t.dropped == 0 for t in fleet.telemetry("dev-1"))
@@ -308,8 +311,10 @@ def test_a_rollback_command_lost_in_a_crash_runs_when_it_is_sent_again(
         # one signed by a key the device does not know, refused at once: handled in order, so
         # once it is refused, the rollback is taken
         fleet.command("dev-k", "mlp", key=SigningKey.generate())
-        fleet.wait(lambda: [e for e in fleet.events("dev-k") if e.code == "unknown_key"],
-                   what="the marker's refusal")  # fmt: skip
+        fleet.wait(
+            lambda: [e for e in fleet.events("dev-k") if e.code == "unknown_key"],
+            what="the marker's refusal",
+        )
         agent.proc.kill()
         agent.proc.wait(timeout=30)
     hold.set()

@@ -32,12 +32,30 @@ TRUST = new_trust_root(ROOT_KEY, [MANIFEST_KEY])
 
 
 def manifest(**overrides: Any) -> dict[str, Any]:
+    file = {"name": "model.onnx", "url": "http://127.0.0.1:1/x", "sha256": "a" * 64, "size": 10}
     doc: dict[str, Any] = {
-        "schema_version": 1, "model": "mlp", "version": 2, "sequence": 7,
-        "artifacts": [{"format": "onnx", "files": [{"name": "model.onnx", "url": "http://127.0.0.1:1/x",
-                                                    "sha256": "a" * 64, "size": 10}]}],
-        "issued_at": NOW.isoformat(), "expires_at": (NOW + timedelta(hours=1)).isoformat(),
-    }  # fmt: skip
+        "schema_version": 1,
+        "model": "mlp",
+        "version": 2,
+        "sequence": 7,
+        "artifacts": [{"format": "onnx", "files": [file]}],
+        "issued_at": NOW.isoformat(),
+        "expires_at": (NOW + timedelta(hours=1)).isoformat(),
+    }
+    doc.update(overrides)
+    return doc
+
+
+def command(**overrides: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "schema_version": 1,
+        "command_id": "c1",
+        "device_id": "dev-1",
+        "type": "rollback",
+        "model": "mlp",
+        "issued_at": NOW.isoformat(),
+        "expires_at": (NOW + timedelta(minutes=5)).isoformat(),
+    }
     doc.update(overrides)
     return doc
 
@@ -91,10 +109,11 @@ def test_each_rejection_has_its_code() -> None:
         manifest(),
         trust=TRUST.model_copy(update={"revoked": [MANIFEST_KEY.key_id]}),
     )
-    rejected(Rejection.EXPIRED, manifest(issued_at=(NOW - timedelta(days=2)).isoformat(),
-                                         expires_at=(NOW - timedelta(days=1)).isoformat()))  # fmt: skip
-    rejected(Rejection.NOT_YET_VALID, manifest(issued_at=(NOW + timedelta(hours=1)).isoformat(),
-                                               expires_at=(NOW + timedelta(hours=2)).isoformat()))  # fmt: skip
+    day, hour = timedelta(days=1), timedelta(hours=1)
+    expired = manifest(issued_at=(NOW - 2 * day).isoformat(), expires_at=(NOW - day).isoformat())
+    rejected(Rejection.EXPIRED, expired)
+    early = manifest(issued_at=(NOW + hour).isoformat(), expires_at=(NOW + 2 * hour).isoformat())
+    rejected(Rejection.NOT_YET_VALID, early)
     error = rejected(Rejection.REPLAYED, manifest(), floor=7)
     assert (error.model, error.sequence) == ("mlp", 7)
     rejected(Rejection.WRONG_TARGET, manifest(target={"device_ids": ["dev-2"]}))
@@ -112,13 +131,14 @@ def test_each_rejection_has_its_code() -> None:
 
 def test_timestamps_without_a_time_zone_are_refused_as_malformed() -> None:
     naive = NOW.replace(tzinfo=None)
-    for stamps in ({"issued_at": naive.isoformat()},
-                   {"expires_at": (naive + timedelta(hours=1)).isoformat()}):  # fmt: skip
+    naive_stamps = [
+        {"issued_at": naive.isoformat()},
+        {"expires_at": (naive + timedelta(hours=1)).isoformat()},
+    ]
+    for stamps in naive_stamps:
         error = rejected(Rejection.MALFORMED, manifest(**stamps))
         assert "time zone" in error.message and (error.model, error.sequence) == ("mlp", 7)
-    cmd = {"schema_version": 1, "command_id": "c1", "device_id": "dev-1", "type": "rollback",
-           "model": "mlp", "issued_at": naive.isoformat(),
-           "expires_at": (NOW + timedelta(minutes=5)).isoformat()}  # fmt: skip
+    cmd = command(issued_at=naive.isoformat())
     with pytest.raises(ProtocolError) as info:
         verify_command(
             sign_envelope(cmd, MANIFEST_KEY).model_dump(mode="json"), TRUST, "dev-1", NOW
@@ -142,15 +162,20 @@ def test_clock_skew_is_tolerated() -> None:
 
 def test_profile_specific_variant_wins_over_a_generic_one() -> None:
     files = manifest()["artifacts"][0]["files"]
-    doc = manifest(artifacts=[{"format": "onnx", "files": files},
-                              {"format": "tflite", "profiles": ["generic-x86_64"], "files": files}])  # fmt: skip
+    generic = {"format": "onnx", "files": files}
+    for_the_profile = {"format": "tflite", "profiles": ["generic-x86_64"], "files": files}
+    doc = manifest(artifacts=[generic, for_the_profile])
     assert check(doc).variant.format == "tflite"
 
 
 def test_envelope_parsing_refuses_garbage_and_other_schema_versions() -> None:
-    for raw, code in ((b"\xff\xfe", Rejection.MALFORMED), (b"[1]", Rejection.MALFORMED),
-                      (b'{"schema_version": 2, "signed": {}, "signatures": []}', Rejection.UNSUPPORTED_SCHEMA),
-                      (b'{"signed": {}, "signatures": []}', Rejection.MALFORMED)):  # fmt: skip
+    cases = [
+        (b"\xff\xfe", Rejection.MALFORMED),
+        (b"[1]", Rejection.MALFORMED),
+        (b'{"schema_version": 2, "signed": {}, "signatures": []}', Rejection.UNSUPPORTED_SCHEMA),
+        (b'{"signed": {}, "signatures": []}', Rejection.MALFORMED),
+    ]
+    for raw, code in cases:
         with pytest.raises(ProtocolError) as info:
             parse_envelope(raw)
         assert info.value.code == code
@@ -198,18 +223,21 @@ def test_threshold_of_root_signatures() -> None:
 
 
 def test_commands_are_signed_targeted_and_expire() -> None:
-    cmd = {"schema_version": 1, "command_id": "c1", "device_id": "dev-1", "type": "rollback", "model": "mlp",
-           "issued_at": NOW.isoformat(), "expires_at": (NOW + timedelta(minutes=5)).isoformat()}  # fmt: skip
+    cmd = command()
     assert (
         verify_command(
             sign_envelope(cmd, MANIFEST_KEY).model_dump(mode="json"), TRUST, "dev-1", NOW
         ).model
         == "mlp"
     )
-    for doc, key, code in (({**cmd, "device_id": "dev-2"}, MANIFEST_KEY, Rejection.WRONG_TARGET),
-                           (cmd, SigningKey.generate(), Rejection.UNKNOWN_KEY),
-                           ({**cmd, "expires_at": (NOW - timedelta(hours=1)).isoformat(),
-                             "issued_at": (NOW - timedelta(hours=2)).isoformat()}, MANIFEST_KEY, Rejection.EXPIRED)):  # fmt: skip
+    hour = timedelta(hours=1)
+    expired = command(expires_at=(NOW - hour).isoformat(), issued_at=(NOW - 2 * hour).isoformat())
+    cases = [
+        (command(device_id="dev-2"), MANIFEST_KEY, Rejection.WRONG_TARGET),
+        (cmd, SigningKey.generate(), Rejection.UNKNOWN_KEY),
+        (expired, MANIFEST_KEY, Rejection.EXPIRED),
+    ]
+    for doc, key, code in cases:
         with pytest.raises(ProtocolError) as info:
             verify_command(sign_envelope(doc, key).model_dump(mode="json"), TRUST, "dev-1", NOW)
         assert info.value.code == code
@@ -233,8 +261,14 @@ def test_topics() -> None:
     assert (
         t.parse("acme/edge/devices/dev-1/x/y") is None and t.parse("other/devices/d/status") is None
     )
-    for foreign in ("acme/edgex/devices/d/status", "acme/devices/d/status", "acme/edge/fleet/trust",
-                    "acme/edge/devices//status", "acme/edge/devices/dev 1/status"):  # fmt: skip
+    foreign_topics = [
+        "acme/edgex/devices/d/status",
+        "acme/devices/d/status",
+        "acme/edge/fleet/trust",
+        "acme/edge/devices//status",
+        "acme/edge/devices/dev 1/status",
+    ]
+    for foreign in foreign_topics:
         assert t.parse(foreign) is None, foreign
     for bad in ("a/b", "+", "#", "", "x" * 200, "dev 1"):
         with pytest.raises(ValueError):

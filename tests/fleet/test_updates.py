@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from agent.fleet.updater import RETRY_BASE_S
+from common.protocol.messages import DeviceStatus
 from common.protocol.signing import SigningKey
 from common.protocol.verify import CLOCK_SKEW
 from runtimes.examples.reference import mlp_forward
@@ -72,8 +73,12 @@ def test_good_update_is_committed_and_the_new_version_answers(
             "committed",
         ]
         assert "downloading" in states
-        status = fleet.wait(lambda: [s for s in fleet.statuses("dev-1") if s.online and any(m.version == 2 for m in s.models)],
-                            what="a birth message with version 2")[-1]  # fmt: skip
+
+        def births_with_version_2() -> list[DeviceStatus]:
+            births = [s for s in fleet.statuses("dev-1") if s.online]
+            return [s for s in births if any(m.version == 2 for m in s.models)]
+
+        status = fleet.wait(births_with_version_2, what="a birth message with version 2")[-1]
         assert status.hardware_profile == "generic-x86_64" and status.labels == {"site": "lab"}
         assert [(m.model, m.version, m.sequence) for m in status.models] == [("mlp", 2, 1)]
         config = tomllib.loads((agent.state.manager.repository / "mlp/config.toml").read_text())
@@ -92,8 +97,10 @@ def test_update_over_mqtt_3_1_1(fleet: Fleet, fleet_agent: AgentFactory, tmp_pat
         assert served(agent)[0] == "2"
 
 
-REJECTIONS = ["bad_signature", "unknown_key", "revoked_key", "expired", "replayed", "wrong_target",
-              "digest_mismatch", "size_mismatch", "oversize", "no_artifact"]  # fmt: skip
+REJECTIONS = """
+    bad_signature unknown_key revoked_key expired replayed wrong_target
+    digest_mismatch size_mismatch oversize no_artifact
+""".split()
 
 
 @pytest.mark.parametrize("case", REJECTIONS)
@@ -124,8 +131,10 @@ def test_bad_update_is_rejected_with_its_reason_and_the_old_version_keeps_servin
                 what="trust v2",
             )
         elif case == "expired":
-            payload = fleet.manifest("mlp", 2, sequence, v2, issued_at=datetime.now(UTC) - timedelta(days=2),
-                                     expires_in=timedelta(days=1))  # fmt: skip
+            issued = datetime.now(UTC) - timedelta(days=2)
+            payload = fleet.manifest(
+                "mlp", 2, sequence, v2, issued_at=issued, expires_in=timedelta(days=1)
+            )
         elif case == "wrong_target":
             payload["target"] = {"labels": {"site": "elsewhere"}}
         elif case == "no_artifact":
@@ -290,6 +299,11 @@ def _states(fleet: Fleet, sequence: int) -> list[str]:
     return [e.state.value for e in fleet.events("dev-1") if e.sequence == sequence]
 
 
+def _deferred(fleet: Fleet) -> bool:
+    """Whether dev-1 has deferred an update: its download failed, to be tried again."""
+    return "download_failed" in [e.code for e in fleet.events("dev-1")]
+
+
 def test_a_deferred_update_redelivered_before_its_retry_is_applied_once(
     fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -301,8 +315,7 @@ def test_a_deferred_update_redelivered_before_its_retry_is_applied_once(
     envelope = fleet.sign(payload)
     with fleet_agent(download_attempts=1) as agent:
         fleet.publish_desired("dev-1", envelope)
-        fleet.wait(lambda: "download_failed" in [e.code for e in fleet.events("dev-1")],
-                   what="the deferral")  # fmt: skip
+        fleet.wait(lambda: _deferred(fleet), what="the deferral")
         deferred_at = time.monotonic()
         fleet.publish_desired("dev-1", envelope)  # the retained state again, as on a reconnect
         fleet.wait_event("dev-1", "committed", sequence=1)
@@ -322,8 +335,7 @@ def test_a_newer_sequence_replaces_a_deferred_one(
     fleet.artifacts.faults[old["artifacts"][0]["files"][0]["sha256"]] = Fault(drop_after_bytes=1000)
     with fleet_agent(download_attempts=1) as agent:
         fleet.publish_desired("dev-1", fleet.sign(old))
-        fleet.wait(lambda: "download_failed" in [e.code for e in fleet.events("dev-1")],
-                   what="the deferral")  # fmt: skip
+        fleet.wait(lambda: _deferred(fleet), what="the deferral")
         deferred_at = time.monotonic()
         new = fleet.manifest("mlp", 3, 2, mlp_version(tmp_path / "v3", seed=3))
         fleet.publish_desired("dev-1", fleet.sign(new))
@@ -340,8 +352,8 @@ def test_a_deferred_update_past_its_expiry_is_not_retried(
     issued = datetime.now(UTC) - timedelta(hours=1)
     # valid for a few more seconds on the device, which allows for clock skew
     expires_at = datetime.now(UTC) - CLOCK_SKEW + timedelta(seconds=5)
-    payload = fleet.manifest("mlp", 2, 1, mlp_version(tmp_path / "v2", seed=2), issued_at=issued,
-                             expires_in=expires_at - issued)  # fmt: skip
+    v2 = mlp_version(tmp_path / "v2", seed=2)
+    payload = fleet.manifest("mlp", 2, 1, v2, issued_at=issued, expires_in=expires_at - issued)
     hold = threading.Event()
     # held after the first 64 KiB, then broken off: deferred once the manifest has expired
     fleet.artifacts.faults[payload["artifacts"][0]["files"][0]["sha256"]] = Fault(

@@ -167,8 +167,8 @@ def test_connection_close_is_answered_then_closed(agent: RunningAgent) -> None:
 
 def _rows_body(rows: int) -> tuple[bytes, np.ndarray]:
     x = np.random.default_rng(rows).standard_normal((rows, 256)).astype(np.float32)
-    doc = {"inputs": [{"name": "input", "shape": [rows, 256], "datatype": "FP32",
-                       "data": x.ravel().tolist()}]}  # fmt: skip
+    data = x.ravel().tolist()
+    doc = {"inputs": [{"name": "input", "shape": [rows, 256], "datatype": "FP32", "data": data}]}
     return json.dumps(doc).encode(), x
 
 
