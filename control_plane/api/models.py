@@ -27,6 +27,7 @@ from control_plane.api.deps import (
     services,
 )
 from control_plane.db.models import NAME_LENGTH, Artifact, Model, ModelVersion
+from control_plane.db.session import stored_utc
 from control_plane.errors import Conflict, Invalid, NotFound
 from control_plane.registry.store import (
     add_file,
@@ -77,7 +78,7 @@ def version_doc(mv: ModelVersion) -> dict[str, Any]:
         "validation_data": mv.validation_data,
         "validation": mv.validation,
         "uploaded_by": mv.uploaded_by,
-        "created_at": mv.created_at.isoformat(),
+        "created_at": stored_utc(mv.created_at).isoformat(),
     }
 
 
@@ -264,6 +265,24 @@ async def validate_version(
     audit.record(s, who.name, "version.validate", f"{name}:{version}", passed=report["passed"])
     await s.commit()
     return json_response(report)
+
+
+@router.delete(
+    "/models/{name}/versions/{version}",
+    summary="Discard an unfinished push (a complete version is immutable: archive it instead)",
+)
+async def discard_version(
+    name: str, version: int = VERSION, s: AsyncSession = SESSION, who: Principal = OPERATOR
+) -> Response:
+    mv = await get_version(s, name, version)
+    if complete(mv):
+        raise Conflict(
+            f"{name} v{version} is complete and immutable; set its stage to archived to hide it"
+        )
+    await s.delete(mv)
+    audit.record(s, who.name, "version.discard", f"{name}:{version}", reason="discarded")
+    await s.commit()
+    return json_response({"model": name, "version": version, "discarded": True})
 
 
 @router.post(

@@ -11,7 +11,7 @@ import hashlib
 import os
 import tempfile
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from sqlalchemy.orm import selectinload
 from common.model_config import ModelConfig
 from common.protocol.messages import HealthCriteria
 from control_plane.db.models import Artifact, Model, ModelVersion
+from control_plane.db.session import required_utc
 from control_plane.errors import Conflict, Invalid, NotFound, TooLarge
 from runtimes.errors import RuntimeFailure, validation_message
 from runtimes.formats import ModelFormat, find_model_file
@@ -143,7 +144,14 @@ async def create_version(
     if existing is not None:
         if complete(existing):
             raise Conflict(f"model {name!r} already has version {version}; versions are immutable")
-        # a push that never finished (its client died mid-upload): the number was never used
+        started = required_utc(existing.created_at)
+        if datetime.now(UTC) - started < STALE_PUSH:
+            raise Conflict(
+                f"version {version} of {name!r} is being pushed (started {started.isoformat()} "
+                f"by {existing.uploaded_by}); if that push died, discard it: DELETE "
+                f"/api/v1/models/{name}/versions/{version} (edgefleet models discard)"
+            )
+        # a push that never finished long ago (its client died): the number was never used
         await session.delete(existing)
         await session.flush()
     mv = ModelVersion(
@@ -170,10 +178,15 @@ def check_file_name(fmt: str, filename: str) -> None:
         )
 
 
+STALE_PUSH = timedelta(minutes=30)
+"""An unfinished push this old is replaced by the next push of its number."""
+
+
 def complete(mv: ModelVersion) -> bool:
     """Whether every variant of ``mv`` has its files, checked (their signature read). Until then
-    the version is a push in progress: it can be neither validated nor rolled out, and a push
-    of the same number replaces it."""
+    the version is a push in progress: it can be neither validated nor rolled out, a failed
+    check of its files discards it, and so can its pusher (or, :data:`STALE_PUSH` later, a
+    push of the same number)."""
     return all(v.get("signature") for v in mv.variants)
 
 

@@ -1,6 +1,7 @@
 """A push is atomic: files that fail their checks leave no version behind and use up no
-number; a push that never finished is replaced by the next push of its number; a version can
-be archived, which hides it from the default listing and from rollouts.
+number; a push that never finished can be discarded (and is replaced by the next push of its
+number half an hour on); a version can be archived, which hides it from the default listing
+and from rollouts.
 
 A real control plane (SQLite and PostgreSQL) and the example model files."""
 
@@ -50,10 +51,15 @@ def test_a_push_that_never_finished_is_replaced_and_a_complete_one_is_not(
         # a client that died after creating the version, before any file
         assert cp.admin.post("/api/v1/models/mlp/versions", json=SPEC).status_code == 201
         assert not cp.admin.get("/api/v1/models/mlp/versions/2").json()["complete"]
+        busy = cp.admin.post("/api/v1/models/mlp/versions", json=SPEC)
+        assert busy.status_code == 409 and "is being pushed" in busy.text  # maybe still alive
+        assert cp.admin.delete("/api/v1/models/mlp/versions/2").status_code == 200
         push(cp.admin, "mlp", 2, [(mlp_version(tmp_path / "v2", seed=2), [])])
         assert cp.admin.get("/api/v1/models/mlp/versions/2").json()["complete"]
         again = cp.admin.post("/api/v1/models/mlp/versions", json=SPEC)
         assert again.status_code == 409 and "immutable" in again.text
+        kept = cp.admin.delete("/api/v1/models/mlp/versions/2")
+        assert kept.status_code == 409 and "archived" in kept.text
 
 
 def test_an_archived_version_is_hidden_and_cannot_be_rolled_out(
