@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -25,6 +27,7 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
     assert test in (ROOT / ".ci/run").read_text().splitlines()
 
 
+@pytest.mark.slow
 def test_the_demo_command_runs_its_story(tmp_path: Path) -> None:
     """The README's demo, as a user runs it: from a fresh working directory (its state goes
     under the relative ``var/demo``), to the rollback of the bad version. A relative artifact

@@ -86,6 +86,7 @@ def _topic(fleet: Fleet, leaf: str) -> str:
     return fleet.topics.trust if leaf == "trust" else fleet.topics.device("dev-1", leaf)
 
 
+@pytest.mark.slow
 def test_garbage_on_every_agent_topic_is_refused_counted_and_logged(
     fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -124,6 +125,7 @@ def test_garbage_on_every_agent_topic_is_refused_counted_and_logged(
         assert reported == Counter(code for _, code in expected.elements())
 
 
+@pytest.mark.slow
 def test_a_replayed_command_runs_once(
     fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
 ) -> None:

@@ -73,6 +73,7 @@ def test_password_hashes_are_mosquittos_format(tmp_path: Path) -> None:
     assert user == "alice" and verify_password(theirs, "s3cret")
 
 
+@pytest.mark.slow
 def test_each_device_reaches_only_its_own_subtree(
     broker: Mosquitto, access: FleetAccess, passwords: dict[str, str]
 ) -> None:
@@ -158,6 +159,7 @@ def test_revoked_device_cannot_connect_after_a_reload(
     a.close()
 
 
+@pytest.mark.slow
 def test_real_control_plane_and_agent_with_their_credentials(
     start_control_plane: ControlPlaneFactory,
     start_agent: AgentFactory,

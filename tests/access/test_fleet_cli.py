@@ -39,6 +39,7 @@ def started(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
         proc.wait(timeout=20)
 
 
+@pytest.mark.slow
 def test_issue_write_run_and_revoke(tmp_path: Path, started: list[subprocess.Popen[bytes]]) -> None:
     state, out, port = tmp_path / "cp-state", tmp_path / "broker", free_port()
     common = ["--state-dir", str(state)]
@@ -90,6 +91,7 @@ def test_issue_write_run_and_revoke(tmp_path: Path, started: list[subprocess.Pop
     wait_until(b_refused, what="dev-b to be refused")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flags", "written"),
     [

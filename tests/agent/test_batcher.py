@@ -266,6 +266,7 @@ async def _closed_loop(batcher: Batcher, runtime: EchoRuntime, clients: int, rou
     await asyncio.wait_for(asyncio.gather(*tasks), 60)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("balance", [True, False])
 def test_a_closed_loop_of_clients_settles_into_equal_batches_only_with_balancing(
     balance: bool,

@@ -50,6 +50,7 @@ def test_loadgen_refuses_anything_but_loopback() -> None:
     assert b"octet-stream" not in as_json and b"Content-Type: application/json" in as_json
 
 
+@pytest.mark.slow
 def test_ab_runs_each_variant_against_raw_between_runs() -> None:
     """Two real agents, each with its own config and environment, alternating with raw ONNX
     Runtime: each run is compared with the raw runs either side of it."""
@@ -85,6 +86,7 @@ def test_ab_refuses_a_variant_it_could_not_name_a_directory_after() -> None:
         Variant.parse('{"name": "x", "confg": ""}')
 
 
+@pytest.mark.slow
 def test_call_count_counts_the_event_loops_calls_per_request() -> None:
     """The agent under the counting hook answers, and the counts are the loop's: the V2
     decoder and the batcher's submission are there once or more per request, the instances'

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 import orjson
+import pytest
 
 from benchmarks.serving.bodies import make_bodies
 from benchmarks.serving.goals import evaluate, lean_reference
@@ -26,6 +27,7 @@ from runtimes.base import Placement
 from tests.agent.server import copy_models
 
 
+@pytest.mark.slow
 def test_measure_agent_and_plain_endpoint_side_by_side(example_repo: Path, tmp_path: Path) -> None:
     repo = copy_models(example_repo, tmp_path / "repo", "mlp")
     bodies = make_bodies("mlp")
@@ -233,6 +235,7 @@ def test_bench_command_renders_saved_results(tmp_path: Path) -> None:
     assert "| fastapi (json) | 100 |" in runs.read_text()
 
 
+@pytest.mark.slow
 def test_a_model_config_reaches_both_agents_and_raw_runs_sessions_side_by_side(
     example_repo: Path, tmp_path: Path
 ) -> None:

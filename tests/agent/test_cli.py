@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.runtimes.fake_machines import MACHINES
 
 
@@ -78,6 +80,7 @@ def test_models_example_writes_then_refuses_to_overwrite(tmp_path: Path) -> None
     assert again.returncode == 1 and "exists" in again.stderr
 
 
+@pytest.mark.slow
 def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
     """The README's main command: local self-tests, then a broker, the control plane and two
     agents as processes; a staged rollout to two profiles; a bad version rolled back."""

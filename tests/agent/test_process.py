@@ -29,6 +29,7 @@ def _ready(url: str, transport: httpx.HTTPTransport | None = None) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_in_flight_requests_and_exits_0(
     example_repo: Path, tmp_path: Path
 ) -> None:

@@ -267,6 +267,7 @@ def test_unbatched_model_runs_requests_one_by_one(example_repo: Path, tmp_path: 
         } == {2}
 
 
+@pytest.mark.slow
 def test_many_requests_in_parallel_all_succeed_within_bounded_time(
     example_repo: Path, tmp_path: Path
 ) -> None:

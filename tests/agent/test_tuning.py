@@ -138,6 +138,7 @@ class ShapedRuntime(Runtime):
         self.inner.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("instances", [1, 2])
 def test_a_model_that_costs_as_much_per_row_in_a_batch_serves_requests_one_at_a_time(
     example_repo: Path, tmp_path: Path, instances: int

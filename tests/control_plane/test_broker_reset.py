@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from common.protocol.messages import DesiredState
 from runtimes.examples.variants import mlp_version
 from tests.access.mqtt_client import ProbeClient
@@ -37,6 +39,7 @@ def _lose_broker_state(broker: Mosquitto) -> None:
     broker.start()  # a broker with no sessions and no retained messages
 
 
+@pytest.mark.slow
 def test_a_broker_that_lost_its_state_gets_the_retained_state_again(
     start_control_plane: ControlPlaneFactory,
     start_agent: AgentFactory,
@@ -72,6 +75,7 @@ def _device_state(cp: RunningControlPlane, rollout_id: int) -> tuple[str, Any]:
     return doc["state"], {d["device_id"]: d["state"] for d in doc["devices"]}
 
 
+@pytest.mark.slow
 def test_a_rollback_command_the_broker_lost_is_sent_again_when_the_device_is_back(
     start_control_plane: ControlPlaneFactory,
     start_agent: AgentFactory,

@@ -15,6 +15,9 @@ import pytest
 from benchmarks.fleet import phases
 from benchmarks.fleet.measure import Fleet, start_fleet
 
+# one simulated fleet for the module, each test building on the one before
+pytestmark = pytest.mark.slow
+
 DEVICES = 50
 UPDATE_ORDER = ["received", "downloading", "downloading", "verified", "staged", "active"]
 

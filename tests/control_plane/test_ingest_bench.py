@@ -15,6 +15,7 @@ from benchmarks.fleet.ingest import compare, parse_tree
 REPO = Path(control_plane.__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_each_tree_runs_its_own_control_plane_and_every_message_is_stored() -> None:
     report = compare(
         [("installed", None), ("tree", REPO)], devices=20, rate_per_s=100, duration_s=1.5, rounds=1

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+import pytest
+
 from tests.access.metrics import value
 from tests.access.mqtt_client import ProbeClient
 from tests.agent.server import wait_until
@@ -16,6 +18,7 @@ from tests.mqtt_broker import Mosquitto
 MESSAGES = 1500
 
 
+@pytest.mark.slow
 def test_a_full_ingest_queue_pauses_reading_and_loses_nothing(
     start_control_plane: ControlPlaneFactory, broker: Mosquitto
 ) -> None:

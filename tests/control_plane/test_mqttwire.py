@@ -152,6 +152,7 @@ def test_unacknowledged_messages_come_again_on_the_next_connection(
     assert run(drain(b"end again", 1)) == [b"end again"]
 
 
+@pytest.mark.slow
 def test_many_messages_arrive_in_order_through_a_small_receive_maximum(
     mosquitto: Mosquitto,
 ) -> None:
@@ -409,6 +410,7 @@ def _freeze(broker: Mosquitto) -> None:
     broker.proc.send_signal(signal.SIGSTOP)  # the TCP connection stays up; nothing answers
 
 
+@pytest.mark.slow
 def test_pings_keep_an_idle_connection_up(own_broker: Mosquitto) -> None:
     async def scenario() -> tuple[Inbox, Connection]:
         inbox = Inbox()
@@ -426,6 +428,7 @@ def test_pings_keep_an_idle_connection_up(own_broker: Mosquitto) -> None:
     assert inbox.payloads == [b"still here"]
 
 
+@pytest.mark.slow
 def test_paused_reading_holds_messages_in_the_broker_and_outlives_the_keep_alive(
     own_broker: Mosquitto,
 ) -> None:
@@ -452,6 +455,7 @@ def test_paused_reading_holds_messages_in_the_broker_and_outlives_the_keep_alive
     assert sub.close_reason is None
 
 
+@pytest.mark.slow
 def test_a_silent_broker_is_given_up_on(own_broker: Mosquitto) -> None:
     async def scenario() -> Connection:
         conn = await connect(HOST, own_broker.port, "cp-silent", Inbox(), keepalive_s=1)
@@ -650,6 +654,7 @@ REUSE_CONFIG = (
 )
 
 
+@pytest.mark.slow
 def test_packet_ids_the_broker_reuses_are_each_acknowledged_and_leave_it_nothing_held(
     tmp_path: Path,
 ) -> None:

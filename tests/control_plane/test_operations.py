@@ -11,6 +11,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -43,6 +44,7 @@ def edgefleet(cp: RunningControlPlane, token: str, *args: str) -> subprocess.Com
     return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_push_validate_label_roll_out_and_rotate_keys(
     start_control_plane: ControlPlaneFactory, start_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -159,6 +161,7 @@ def test_telemetry_is_downsampled_and_expires(db_url: str, tmp_path: Path) -> No
     assert rollups == [(30, 3, 5.0)]
 
 
+@pytest.mark.slow
 def test_fleet_metrics(start_control_plane: ControlPlaneFactory, start_agent: AgentFactory) -> None:
     with start_control_plane() as cp, start_agent("dev-a", cp) as a:
         wait_devices(cp, "dev-a")

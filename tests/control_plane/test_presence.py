@@ -40,6 +40,7 @@ def _listed(cp: RunningControlPlane, **params: str) -> list[str]:
     return [d["id"] for d in resp.json()]
 
 
+@pytest.mark.slow
 def test_a_device_whose_will_never_came_is_shown_silent_then_online_again(
     start_control_plane: ControlPlaneFactory, start_agent: AgentFactory, broker: Mosquitto
 ) -> None:

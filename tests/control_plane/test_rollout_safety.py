@@ -75,6 +75,7 @@ def test_rollout_specs_out_of_range_are_400s_naming_the_field(
         assert cp.admin.get("/api/v1/rollouts").json() == []
 
 
+@pytest.mark.slow
 def test_a_second_rollout_of_a_model_on_the_same_device_waits_for_the_first(
     start_control_plane: ControlPlaneFactory, start_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -112,6 +113,7 @@ def test_a_second_rollout_of_a_model_on_the_same_device_waits_for_the_first(
         assert resp.status_code == 400 and resp.json()["error"].startswith("query.limit"), resp.text
 
 
+@pytest.mark.slow
 def test_a_wave_where_no_device_committed_fails_and_the_rollback_restores_the_silent_device(
     start_control_plane: ControlPlaneFactory,
     start_agent: AgentFactory,
@@ -280,6 +282,7 @@ def _probe_rollout(cp: RunningControlPlane, tmp_path: Path, devices: ProbeDevice
     return rollout(cp, 2, selector={"site": "probe"}, waves=["100%"], bake_time_s=600)
 
 
+@pytest.mark.slow
 def test_a_device_that_committed_stays_committed_when_a_refusal_of_it_repeats(
     start_control_plane: ControlPlaneFactory, broker: Mosquitto, tmp_path: Path
 ) -> None:
@@ -310,6 +313,7 @@ def test_a_device_that_committed_stays_committed_when_a_refusal_of_it_repeats(
             client.close()
 
 
+@pytest.mark.slow
 def test_a_device_reason_of_many_kilobytes_is_kept_to_its_first_kilobyte(
     start_control_plane: ControlPlaneFactory, broker: Mosquitto, tmp_path: Path
 ) -> None:
@@ -340,6 +344,7 @@ def test_a_device_reason_of_many_kilobytes_is_kept_to_its_first_kilobyte(
             client.close()
 
 
+@pytest.mark.slow
 def test_a_device_that_reconnects_while_its_rollback_waits_gets_the_command_again(
     start_control_plane: ControlPlaneFactory, broker: Mosquitto, tmp_path: Path
 ) -> None:
@@ -383,6 +388,7 @@ def _windows(cp: RunningControlPlane, **params: Any) -> list[dict[str, Any]]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("skew", [timedelta(days=-1), timedelta(days=1)], ids=["behind", "ahead"])
 def test_the_error_gate_judges_a_device_whose_clock_is_off(
     start_control_plane: ControlPlaneFactory, broker: Mosquitto, tmp_path: Path, skew: timedelta
@@ -414,6 +420,7 @@ def test_the_error_gate_judges_a_device_whose_clock_is_off(
             client.close()
 
 
+@pytest.mark.slow
 def test_the_latency_gate_compares_windows_received_before_and_after_the_rollout(
     start_control_plane: ControlPlaneFactory, broker: Mosquitto, tmp_path: Path
 ) -> None:

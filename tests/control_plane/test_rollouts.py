@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 from sqlalchemy import create_engine, text
 
 from control_plane.db.session import sync_url
@@ -116,6 +117,7 @@ def rollout(cp: RunningControlPlane, version: int, **overrides: Any) -> int:
     return int(resp.json()["id"])
 
 
+@pytest.mark.slow
 def test_push_validate_and_roll_out_in_waves_to_two_hardware_profiles(
     start_control_plane: ControlPlaneFactory, start_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -161,6 +163,7 @@ def test_push_validate_and_roll_out_in_waves_to_two_hardware_profiles(
         }
 
 
+@pytest.mark.slow
 def test_error_rate_gate_failing_in_wave_1_rolls_back_every_touched_device(
     start_control_plane: ControlPlaneFactory, start_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -190,6 +193,7 @@ def test_error_rate_gate_failing_in_wave_1_rolls_back_every_touched_device(
         assert sum(w["errors"] for w in windows) >= report["errors"]  # the telemetry API shows them
 
 
+@pytest.mark.slow
 def test_version_failing_validation_cannot_be_rolled_out(
     start_control_plane: ControlPlaneFactory, start_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -211,6 +215,7 @@ def test_version_failing_validation_cannot_be_rolled_out(
         assert resp.status_code == 400
 
 
+@pytest.mark.slow
 def test_pause_resume_and_abort(
     start_control_plane: ControlPlaneFactory, start_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -241,6 +246,7 @@ def test_pause_resume_and_abort(
         assert cp.admin.post(f"/api/v1/rollouts/{second}/resume").status_code == 409
 
 
+@pytest.mark.slow
 def test_control_plane_restart_mid_rollout_resumes(
     start_control_plane: ControlPlaneFactory, start_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -260,6 +266,7 @@ def test_control_plane_restart_mid_rollout_resumes(
             assert [w["states"] for w in doc["waves"]] == [{"committed": 1}, {"committed": 1}]
 
 
+@pytest.mark.slow
 def test_offline_device_catches_up_when_it_returns(
     start_control_plane: ControlPlaneFactory, start_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -285,6 +292,7 @@ def test_offline_device_catches_up_when_it_returns(
             assert served(b) == "2" and doc["state"] == "succeeded"
 
 
+@pytest.mark.slow
 def test_roles(start_control_plane: ControlPlaneFactory, db_url: str) -> None:
     with (
         start_control_plane() as cp,

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import pytest
 import tomli_w
 
 from common.protocol.messages import DeviceStatus
@@ -26,6 +27,7 @@ from tests.fleet.test_updates import served
 from tests.mqtt_broker import Mosquitto
 
 
+@pytest.mark.slow
 def test_broker_killed_and_restarted_mid_update_the_update_completes(
     fleet: Fleet, fleet_agent: AgentFactory, broker: Mosquitto, tmp_path: Path
 ) -> None:
@@ -45,6 +47,7 @@ def test_broker_killed_and_restarted_mid_update_the_update_completes(
         assert agent.state.fleet.connected.is_set()  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_device_offline_during_publication_converges_on_reconnect(
     fleet: Fleet, fleet_agent: AgentFactory, example_repo: Path, tmp_path: Path
 ) -> None:
@@ -104,6 +107,7 @@ def _ready(address: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_sigkill_during_download_resumes_and_commits(
     fleet: Fleet, broker: Mosquitto, example_repo: Path, tmp_path: Path
 ) -> None:
@@ -139,6 +143,7 @@ def test_sigkill_during_download_resumes_and_commits(
     )  # resumed
 
 
+@pytest.mark.slow
 def test_sigkill_during_the_switch_comes_back_on_the_committed_version(
     fleet: Fleet, broker: Mosquitto, example_repo: Path, tmp_path: Path
 ) -> None:
@@ -165,6 +170,7 @@ def test_sigkill_during_the_switch_comes_back_on_the_committed_version(
         assert _version_answering(agent.address) == "2"
 
 
+@pytest.mark.slow
 def test_telemetry_while_the_broker_is_down_arrives_after_reconnect_none_lost(
     fleet: Fleet, fleet_agent: AgentFactory, broker: Mosquitto
 ) -> None:
@@ -201,6 +207,7 @@ def test_telemetry_while_the_broker_is_down_arrives_after_reconnect_none_lost(
     assert counted >= 20  # the offline traffic was reported after reconnect
 
 
+@pytest.mark.slow
 def test_will_delay_a_quick_restart_shows_no_offline_and_a_device_that_stays_away_does(
     fleet: Fleet, broker: Mosquitto, example_repo: Path, tmp_path: Path
 ) -> None:
@@ -248,6 +255,7 @@ def _quiet(fleet: Fleet, device_id: str, for_s: float) -> Callable[[], bool]:
     return quiet
 
 
+@pytest.mark.slow
 def test_a_disk_that_refuses_writes_keeps_the_device_on_the_fleet_and_the_loss_is_counted(
     fleet: Fleet, broker: Mosquitto, example_repo: Path, tmp_path: Path
 ) -> None:
@@ -293,6 +301,7 @@ def test_a_disk_that_refuses_writes_keeps_the_device_on_the_fleet_and_the_loss_i
     assert seqs == list(range(1, seqs[-1] + 1)), "the numbering did not continue"
 
 
+@pytest.mark.slow
 def test_a_rollback_command_lost_in_a_crash_runs_when_it_is_sent_again(
     fleet: Fleet, broker: Mosquitto, example_repo: Path, tmp_path: Path
 ) -> None:

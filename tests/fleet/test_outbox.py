@@ -6,9 +6,12 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from agent.fleet.outbox import Outbox
 
 
+@pytest.mark.slow
 def test_pending_counts_the_rows_not_acknowledged_while_deletes_are_refused(
     tmp_path: Path,
 ) -> None:

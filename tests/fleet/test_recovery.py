@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 from agent.fleet.state import FleetState, ModelState
 from runtimes.examples.variants import mlp_version
@@ -23,6 +24,7 @@ from tests.fleet.test_updates import _states, served
 from tests.mqtt_broker import Mosquitto
 
 
+@pytest.mark.slow
 def test_an_update_the_desired_state_no_longer_lists_is_withdrawn(
     fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -41,6 +43,7 @@ def test_an_update_the_desired_state_no_longer_lists_is_withdrawn(
     assert "committed" not in _states(fleet, 1) and "active" not in _states(fleet, 1)
 
 
+@pytest.mark.slow
 def test_a_damaged_staged_file_is_downloaded_again(
     fleet: Fleet, fleet_agent: AgentFactory, example_repo: Path, tmp_path: Path
 ) -> None:
@@ -56,6 +59,7 @@ def test_a_damaged_staged_file_is_downloaded_again(
         assert served(agent)[0] == "2"
 
 
+@pytest.mark.slow
 def test_staging_files_no_update_needs_are_deleted(
     fleet: Fleet, fleet_agent: AgentFactory, example_repo: Path, tmp_path: Path
 ) -> None:
@@ -74,6 +78,7 @@ def test_staging_files_no_update_needs_are_deleted(
         assert served(agent)[0] == "2"
 
 
+@pytest.mark.slow
 def test_a_pointer_ahead_of_the_state_after_a_crash_serves_the_committed_version(
     fleet: Fleet, fleet_agent: AgentFactory, example_repo: Path, tmp_path: Path
 ) -> None:
@@ -89,6 +94,7 @@ def test_a_pointer_ahead_of_the_state_after_a_crash_serves_the_committed_version
         assert served(agent)[0] == "1"
 
 
+@pytest.mark.slow
 def test_a_new_model_uncommitted_at_a_crash_is_not_served_after_it(
     fleet: Fleet, broker: Mosquitto, example_repo: Path, tmp_path: Path
 ) -> None:

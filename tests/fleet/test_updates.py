@@ -50,6 +50,7 @@ def served(agent: RunningAgent) -> tuple[str, np.ndarray]:
     return resp.json()["model_version"], np.array(out["data"], np.float32).reshape(out["shape"])
 
 
+@pytest.mark.slow
 def test_good_update_is_committed_and_the_new_version_answers(
     fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -88,6 +89,7 @@ def test_good_update_is_committed_and_the_new_version_answers(
         assert agent.client.get("/v2/models/mlp/config").json()["batching"]["max_batch_size"] == 8
 
 
+@pytest.mark.slow
 def test_update_over_mqtt_3_1_1(fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path) -> None:
     with fleet_agent(mqtt_protocol="3.1.1") as agent:
         fleet.publish_desired(
@@ -103,6 +105,7 @@ REJECTIONS = """
 """.split()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", REJECTIONS)
 def test_bad_update_is_rejected_with_its_reason_and_the_old_version_keeps_serving(
     case: str, fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
@@ -180,6 +183,7 @@ def test_bad_update_is_rejected_with_its_reason_and_the_old_version_keeps_servin
         )
 
 
+@pytest.mark.slow
 def test_self_test_failure_rolls_back(
     fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -196,6 +200,7 @@ def test_self_test_failure_rolls_back(
         assert "active" not in [e.state.value for e in fleet.events("dev-1")]
 
 
+@pytest.mark.slow
 def test_health_window_failure_rolls_back(
     fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -226,6 +231,7 @@ def test_health_window_failure_rolls_back(
         ) == 1
 
 
+@pytest.mark.slow
 def test_fleet_rollback_command_returns_to_the_previous_committed_version(
     fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -252,6 +258,7 @@ def test_fleet_rollback_command_returns_to_the_previous_committed_version(
         assert rejected and served(agent)[0] == "2"
 
 
+@pytest.mark.slow
 def test_key_rotation_then_an_update_signed_with_the_new_key(
     fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -304,6 +311,7 @@ def _deferred(fleet: Fleet) -> bool:
     return "download_failed" in [e.code for e in fleet.events("dev-1")]
 
 
+@pytest.mark.slow
 def test_a_deferred_update_redelivered_before_its_retry_is_applied_once(
     fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -328,6 +336,7 @@ def test_a_deferred_update_redelivered_before_its_retry_is_applied_once(
     assert "rejected" not in states and states[-1] == "committed", states
 
 
+@pytest.mark.slow
 def test_a_newer_sequence_replaces_a_deferred_one(
     fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -346,6 +355,7 @@ def test_a_newer_sequence_replaces_a_deferred_one(
     assert _states(fleet, 2)[-1] == "committed"
 
 
+@pytest.mark.slow
 def test_a_deferred_update_past_its_expiry_is_not_retried(
     fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
 ) -> None:
@@ -371,6 +381,7 @@ def test_a_deferred_update_past_its_expiry_is_not_retried(
     assert "committed" not in _states(fleet, 1)
 
 
+@pytest.mark.slow
 def test_a_manifest_that_trips_verification_costs_only_itself(
     fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
 ) -> None:

@@ -186,6 +186,7 @@ def test_v2_any_bytes_and_header_length(body: bytes, header: int | None) -> None
     decodes_or_refuses(body, header, MLP)
 
 
+@pytest.mark.slow
 @FAST
 @given(JSON)
 def test_v2_any_json_document(doc: Any) -> None:

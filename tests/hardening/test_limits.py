@@ -144,6 +144,7 @@ def test_body_trickled_past_body_timeout_is_408_and_closed(agent: RunningAgent) 
     assert serves(agent)
 
 
+@pytest.mark.slow
 def test_idle_connections_are_closed_after_keep_alive(agent: RunningAgent) -> None:
     with connect(agent.url) as sock:  # never sends a byte
         assert closed_by_peer(sock)
@@ -211,6 +212,7 @@ def test_requests_over_max_concurrent_requests_get_503_gated(
         assert serves(agent)
 
 
+@pytest.mark.slow
 def test_a_request_after_a_refused_one_is_not_cut_by_the_idle_timer(
     example_repo: Path, tmp_path: Path
 ) -> None:

@@ -34,6 +34,7 @@ def agent(example_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield running
 
 
+@pytest.mark.slow
 def test_agent_openapi_no_5xx_no_hang(agent: AgentProcess) -> None:
     with httpx.Client(base_url=agent.address, headers={"X-API-Key": KEY}) as client:
         doc = client.get("/openapi.json").json()
@@ -56,6 +57,7 @@ def test_agent_openapi_no_5xx_no_hang(agent: AgentProcess) -> None:
     assert agent.proc.poll() is None
 
 
+@pytest.mark.slow
 def test_control_plane_openapi_no_5xx_no_hang(tmp_path: Path) -> None:
     broker = Mosquitto(tmp_path / "broker").start()
     try:

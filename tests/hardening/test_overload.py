@@ -101,6 +101,7 @@ class PeakRss:
         return max(self.samples)
 
 
+@pytest.mark.slow
 def test_overload_is_refused_fast_and_the_agent_recovers(agent: AgentProcess) -> None:
     request = infer_request()
     url, pid = agent.address, agent.proc.pid

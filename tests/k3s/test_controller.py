@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from runtimes.examples.variants import fragile_mlp_version, mlp_version
 from tests.agent.server import wait_until
 from tests.control_plane.conftest import AgentFactory
@@ -47,6 +49,7 @@ def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
 
 
+@pytest.mark.slow
 def test_modelrollout_runs_in_waves_and_reports_progress_fake_k8s_api(
     start_in_cluster: ClusterControlPlane,
     start_agent: AgentFactory,
@@ -90,6 +93,7 @@ def test_modelrollout_runs_in_waves_and_reports_progress_fake_k8s_api(
         assert len(kube.status_patches) == patches
 
 
+@pytest.mark.slow
 def test_failed_rollout_shows_its_rollback_in_status_fake_k8s_api(
     start_in_cluster: ClusterControlPlane,
     start_agent: AgentFactory,
@@ -137,6 +141,7 @@ def test_failed_rollout_shows_its_rollback_in_status_fake_k8s_api(
         assert set(phases) <= {"Running", "RollingBack", "RolledBack"}, phases
 
 
+@pytest.mark.slow
 def test_pause_resume_abort_and_a_refused_rollout_fake_k8s_api(
     start_in_cluster: ClusterControlPlane,
     start_agent: AgentFactory,
@@ -174,6 +179,7 @@ def test_pause_resume_abort_and_a_refused_rollout_fake_k8s_api(
         assert served(a) == "2" and served(b) == "2"
 
 
+@pytest.mark.slow
 def test_a_restarted_control_plane_adopts_its_rollout_fake_k8s_api(
     start_in_cluster: ClusterControlPlane,
     start_agent: AgentFactory,
@@ -197,6 +203,7 @@ def test_a_restarted_control_plane_adopts_its_rollout_fake_k8s_api(
     assert kube.closed  # the controller let go of its client on shutdown
 
 
+@pytest.mark.slow
 def test_a_modelrollout_waits_while_another_of_its_model_is_active_fake_k8s_api(
     start_in_cluster: ClusterControlPlane,
     start_agent: AgentFactory,

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from runtimes.examples.variants import mlp_version
 from tests.agent.server import wait_until
 from tests.control_plane.conftest import AgentFactory
@@ -22,6 +24,7 @@ def condition(kube: FakeKubeApi, name: str, kind: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
 
 
+@pytest.mark.slow
 def test_a_spec_edit_the_rollout_cannot_take_is_reported_not_observed_fake_k8s_api(
     start_in_cluster: ClusterControlPlane,
     start_agent: AgentFactory,
@@ -85,6 +88,7 @@ def test_a_spec_edit_the_rollout_cannot_take_is_reported_not_observed_fake_k8s_a
         assert len(kube.status_patches) == writes, kube.status_patches[writes:]
 
 
+@pytest.mark.slow
 def test_a_modelrollout_deleted_and_applied_again_reports_its_rollout_fake_k8s_api(
     start_in_cluster: ClusterControlPlane,
     start_agent: AgentFactory,

@@ -43,6 +43,7 @@ def agent_workload(overlay: str) -> dict[str, Any]:
     return find(docs, kind, "edgefleet-agent")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_renders_and_validates_against_the_kubernetes_schemas(overlay: str) -> None:
     docs = render(overlay)

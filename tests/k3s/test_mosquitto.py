@@ -105,6 +105,7 @@ def broker_port(tmp_path: Path) -> Iterator[int]:
         proc.wait(timeout=20)
 
 
+@pytest.mark.slow
 def test_the_acl_lets_agents_report_and_listen_only(broker_port: int) -> None:
     cp = Client(broker_port, "control-plane", PASSWORDS["control-plane"])
     agent = Client(broker_port, "agent", PASSWORDS["agent"])

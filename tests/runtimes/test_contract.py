@@ -85,6 +85,7 @@ def test_golden_output_matches_the_numpy_reference(loaded) -> None:  # type: ign
     assert golden.mismatches(runtime.infer(golden.inputs)) == []
 
 
+@pytest.mark.slow
 def test_every_batch_size_gives_each_row_its_own_answer(case: Case, loaded) -> None:  # type: ignore[no-untyped-def]
     runtime, golden = loaded
     x, expected = golden.inputs["input"], golden.outputs["logits"]
