@@ -296,6 +296,9 @@ class FleetClient:
             code=report.code,
             reason=report.reason,
             progress=report.progress,
+            bytes_done=report.bytes_done,
+            bytes_total=report.bytes_total,
+            window_s=report.window_s,
         )
         self.outbox.put(
             self.topics.events(self.device_id), event.model_dump_json().encode(), "event"

@@ -198,7 +198,7 @@ async def stage_update(
             return store.version_dir(m.model, m.version)
         total = sum(r.size for r in refs) or 1
         done = 0
-        say(UpdateState.DOWNLOADING, progress=0.0)
+        say(UpdateState.DOWNLOADING, progress=0.0, bytes_done=0, bytes_total=total)
         files: dict[str, Path] = {}
         last_report = time.monotonic()
 
@@ -208,7 +208,13 @@ async def stage_update(
                 nonlocal last_report
                 if time.monotonic() - last_report >= 1.0:  # one progress event a second at most
                     last_report = time.monotonic()
-                    say(UpdateState.DOWNLOADING, progress=min(1.0, (before + written) / total))
+                    fetched = min(total, before + written)
+                    say(
+                        UpdateState.DOWNLOADING,
+                        progress=fetched / total,
+                        bytes_done=fetched,
+                        bytes_total=total,
+                    )
 
             files[ref.name] = await fetch(
                 http,
@@ -219,7 +225,7 @@ async def stage_update(
                 progress=progress,
             )
             done += ref.size
-        say(UpdateState.DOWNLOADING, progress=1.0)
+        say(UpdateState.DOWNLOADING, progress=1.0, bytes_done=total, bytes_total=total)
         store.pin(m.model, served())
         version_dir = await asyncio.to_thread(store.install, m.model, m.version, files, refs)
         for path in files.values():

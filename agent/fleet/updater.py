@@ -66,6 +66,9 @@ class Report:
     code: str | None = None
     reason: str | None = None
     progress: float | None = None
+    bytes_done: int | None = None
+    bytes_total: int | None = None
+    window_s: float | None = None
 
 
 Reporter = Callable[[Report], None]
@@ -216,9 +219,25 @@ class Updater:
             code: str | None = None,
             reason: str | None = None,
             progress: float | None = None,
+            *,
+            bytes_done: int | None = None,
+            bytes_total: int | None = None,
+            window_s: float | None = None,
         ) -> None:
             self.report(
-                Report(state, m.model, m.version, m.sequence, m.rollout_id, code, reason, progress)
+                Report(
+                    state,
+                    m.model,
+                    m.version,
+                    m.sequence,
+                    m.rollout_id,
+                    code,
+                    reason,
+                    progress,
+                    bytes_done,
+                    bytes_total,
+                    window_s,
+                )
             )
 
         def reject(exc: ProtocolError) -> None:
@@ -307,7 +326,7 @@ class Updater:
             reject(exc)
             return
         try:
-            say(UpdateState.ACTIVE)
+            say(UpdateState.ACTIVE, window_s=m.health.window_s)
             verdict = await self._health_window(m.health, staged, previous, version_dir)
             if verdict is None:
                 self._commit(m, previous)

@@ -218,6 +218,13 @@ class UpdateEvent(_Message):
     """Rejection or rollback reason code (see :class:`common.protocol.errors.Rejection`)."""
     reason: str | None = None
     progress: float | None = Field(default=None, ge=0, le=1)
+    bytes_done: int | None = Field(default=None, ge=0)
+    """Downloading: bytes of the version's files fetched so far."""
+    bytes_total: int | None = Field(default=None, ge=0)
+    """Downloading: bytes of the version's files in all."""
+    window_s: float | None = Field(default=None, ge=0)
+    """Active: the length of the health window that began with this event (the version is
+    committed or rolled back when it ends, or sooner on failures)."""
 
 
 class ModelTelemetry(BaseModel):

@@ -24,10 +24,17 @@ from control_plane.api.deps import (
     json_response,
     services,
 )
-from control_plane.db.models import Device, Rollout, RolloutDevice, TelemetrySample
+from control_plane.db.models import (
+    Device,
+    Rollout,
+    RolloutDevice,
+    TelemetrySample,
+    UpdateEventRecord,
+)
 from control_plane.db.session import stored_utc
 from control_plane.errors import Invalid, NotFound
 from control_plane.ingest.presence import Presence
+from control_plane.rollouts.phases import device_phases, phase_doc
 from control_plane.rollouts.spec import RolloutSpec
 
 router = APIRouter(prefix="/api/v1", tags=["Fleet"])
@@ -112,6 +119,34 @@ async def show_device(
     return json_response(device_doc(device, presence_of(request, device)))
 
 
+@router.get(
+    "/devices/{device_id}/events", summary="A device's update history: its events, oldest first"
+)
+async def device_events(
+    device_id: str,
+    limit: int = Query(default=100, ge=1, le=1000, description="the most recent events"),
+    s: AsyncSession = SESSION,
+    _: Principal = VIEWER,
+) -> Response:
+    if await s.get(Device, device_id) is None:
+        raise NotFound(f"no device {device_id!r}")
+    newest = (
+        await s.execute(
+            select(UpdateEventRecord)
+            .where(UpdateEventRecord.device_id == device_id)
+            .order_by(UpdateEventRecord.id.desc())
+            .limit(limit)
+        )
+    ).scalars()
+    now = datetime.now(UTC)
+    return json_response(
+        [
+            {"model": e.model, "version": e.version, "rollout_id": e.rollout_id} | phase_doc(e, now)
+            for e in reversed(list(newest))
+        ]
+    )
+
+
 class LabelChange(BaseModel):
     labels: dict[str, str | None]
     """Set a label, or remove it with null."""
@@ -172,8 +207,8 @@ def rollout_doc(r: Rollout) -> dict[str, Any]:
         "gates": r.gates,
         "gate_report": r.gate_report,
         "created_by": r.created_by,
-        "created_at": r.created_at.isoformat(),
-        "updated_at": r.updated_at.isoformat(),
+        "created_at": stored_utc(r.created_at).isoformat(),
+        "updated_at": stored_utc(r.updated_at).isoformat(),
         "devices": [
             {
                 "device_id": d.device_id,
@@ -241,7 +276,11 @@ async def list_rollouts(
 async def show_rollout(
     rollout_id: int = ROW_ID, s: AsyncSession = SESSION, _: Principal = VIEWER
 ) -> Response:
-    return json_response(rollout_doc(await _rollout(s, rollout_id)))
+    doc = rollout_doc(await _rollout(s, rollout_id))
+    phases = await device_phases(s, rollout_id)
+    for device in doc["devices"]:
+        device["phase"] = phases.get(device["device_id"])
+    return json_response(doc)
 
 
 @router.post(
@@ -328,8 +367,8 @@ async def telemetry(
             {
                 "device_id": r.device_id,
                 "seq": r.seq,
-                "time": r.time.isoformat(),
-                "received_at": r.received_at.isoformat(),
+                "time": stored_utc(r.time).isoformat(),
+                "received_at": stored_utc(r.received_at).isoformat(),
                 "window_s": r.window_s,
                 "model": r.model,
                 "version": r.version,

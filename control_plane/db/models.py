@@ -270,6 +270,10 @@ class UpdateEventRecord(Base):
     state: Mapped[str] = mapped_column(String(32))
     code: Mapped[str | None] = mapped_column(String(64), nullable=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    progress: Mapped[float | None] = mapped_column(Float, nullable=True)
+    bytes_done: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    bytes_total: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    window_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class ApiToken(Base):

@@ -154,6 +154,10 @@ def event_row(e: UpdateEvent) -> dict[str, Any]:
         "state": e.state.value,
         "code": e.code,
         "reason": e.reason,
+        "progress": e.progress,
+        "bytes_done": e.bytes_done,
+        "bytes_total": e.bytes_total,
+        "window_s": e.window_s,
     }
 
 
