@@ -15,6 +15,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -60,10 +61,14 @@ class ModelEntry:
     name: str
     config: ModelConfig = field(default_factory=ModelConfig)
     served: dict[int, LoadedVersion] = field(default_factory=dict)
-    """Versions taking requests; replaced as a whole on every switch."""
+    """Versions taking requests; replaced as a whole on every switch (``ModelManager._serve``)."""
     status: dict[int, VersionStatus] = field(default_factory=dict)
     error: str = ""
     """Why the model as a whole cannot load (bad config, no versions)."""
+    from_repository: bool = False
+    """Loaded from the repository (the start-up load, the repository API): it counts for the
+    server's readiness. A model new to the device that the fleet stages does not until a load
+    from the repository (the next start): its installs are the fleet's to judge and roll back."""
 
     @property
     def default_version(self) -> LoadedVersion | None:
@@ -93,6 +98,7 @@ class ModelManager:
         self._retiring: set[asyncio.Task[None]] = set()
         self.metrics = metrics
         self.runtime_factory = runtime_factory
+        self._departure_watchers: list[Callable[[LoadedVersion], None]] = []
 
     # -- queries --------------------------------------------------------------------------
 
@@ -123,8 +129,18 @@ class ModelManager:
             f"model {model!r} version {version} is {status.state.value}{reason}"
         )
 
-    def ready(self) -> bool:
-        return bool(self.models) and all(e.served for e in self.models.values())
+    def ready(self, *, strict: bool = True) -> bool:
+        """Whether the models let the server be ready. Triton's rule, over the models loaded
+        from the repository (one unloaded on purpose is gone): with ``strict`` every one of them
+        serves (none failed or still loading), without it at least one model serves. With no
+        such model it is yes in both modes, as Triton's for an empty repository: nothing is
+        left to wait for."""
+        counted = [e for e in self.models.values() if e.from_repository]
+        if not counted:
+            return True
+        if strict:
+            return all(e.served for e in counted)
+        return any(e.served for e in self.models.values())
 
     def used_memory_bytes(self) -> int:
         return sum(v.memory_bytes for e in self.models.values() for v in e.served.values())
@@ -164,6 +180,25 @@ class ModelManager:
 
     # -- lifecycle ------------------------------------------------------------------------
 
+    def watch_departures(self, callback: Callable[[LoadedVersion], None]) -> None:
+        """Call ``callback`` with every version at the switch that takes it out of service:
+        replaced, switched out (standby), rolled back, unloaded or evicted. Requests already
+        routed to it still finish there; :attr:`LoadedVersion.closed` says when no more can.
+        Telemetry uses it to report each version's last window."""
+        self._departure_watchers.append(callback)
+
+    def _serve(
+        self, entry: ModelEntry, served: dict[int, LoadedVersion]
+    ) -> dict[int, LoadedVersion]:
+        """Switch ``entry`` to ``served`` in one assignment and tell the watchers which
+        versions left; return what served before."""
+        old, entry.served = entry.served, served
+        for lv in old.values():
+            if not any(lv is s for s in served.values()):
+                for watcher in self._departure_watchers:
+                    watcher(lv)
+        return old
+
     async def load_all(self) -> None:
         """Load every model of the repository; failures are recorded, the rest serve."""
         for name in self._repository_models():
@@ -185,6 +220,7 @@ class ModelManager:
         if not model_dir.is_dir() or model.startswith(".") or "/" in model:
             raise ModelNotFoundError(f"no model {model!r} in the repository {self.repository}")
         entry = self.models.setdefault(model, ModelEntry(model))
+        entry.from_repository = True  # a failure to load counts against readiness too
         try:
             config = load_model_config(model_dir)
             versions = {int(p.name): p for p in version_dirs(model_dir)}
@@ -212,8 +248,7 @@ class ModelManager:
                     entry.status.pop(lv.version, None)
                 await lv.batcher.close()
             raise
-        old = entry.served
-        entry.served = {**keep, **fresh}  # the switch: one assignment
+        old = self._serve(entry, {**keep, **fresh})  # the switch: one assignment
         entry.config = config
         for version in fresh:
             entry.status[version] = VersionStatus(VersionState.READY)
@@ -428,7 +463,7 @@ class ModelManager:
         """Serve only ``staged``, in one assignment; return what served before, still loaded
         and warm, for :meth:`settle` (commit) or :meth:`restore` (roll back)."""
         entry = self.models.setdefault(model, ModelEntry(model))
-        previous, entry.served = entry.served, {staged.version: staged}
+        previous = self._serve(entry, {staged.version: staged})
         entry.config = staged.config
         entry.status[staged.version] = VersionStatus(VersionState.READY)
         for version, lv in previous.items():
@@ -441,7 +476,7 @@ class ModelManager:
     ) -> None:
         """Switch back to ``previous`` and close ``failed``."""
         entry = self.models[model]
-        entry.served = previous
+        self._serve(entry, previous)
         for version in previous:
             entry.status[version] = VersionStatus(VersionState.READY)
         if failed.version not in previous:
@@ -470,7 +505,7 @@ class ModelManager:
             await self._unload(entry)
 
     async def _unload(self, entry: ModelEntry) -> None:
-        old, entry.served = entry.served, {}
+        old = self._serve(entry, {})
         for lv in old.values():
             self._retire(entry, lv)
         del self.models[entry.name]
@@ -479,7 +514,7 @@ class ModelManager:
     async def close(self) -> None:
         """Drain and close every version (after the server stopped taking requests)."""
         for entry in list(self.models.values()):
-            old, entry.served = entry.served, {}
+            old = self._serve(entry, {})
             for lv in old.values():
                 self._retire(entry, lv)
         await asyncio.gather(*self._retiring, return_exceptions=True)

@@ -78,10 +78,12 @@ class VersionStats:
         self, since: float, percentiles: tuple[float, ...]
     ) -> list[float] | None:
         """Latency percentiles (seconds) of successful requests after monotonic ``since``."""
-        samples = sorted(s for t, s in self.recent if t >= since)
-        if not samples:
-            return None
-        return [samples[min(len(samples) - 1, int(p / 100 * len(samples)))] for p in percentiles]
+        return percentiles_of([s for t, s in self.recent if t >= since], percentiles)
+
+    def latencies(self, since: float, until: float) -> list[float]:
+        """Latencies (seconds) of the recent successful requests that ended in the monotonic
+        window ``[since, until)``: consecutive windows share no sample."""
+        return [s for t, s in self.recent if since <= t < until]
 
     def to_dict(self, name: str, version: str) -> dict[str, Any]:
         return {
@@ -102,3 +104,11 @@ class VersionStats:
                 for size, s in sorted(self.batch_sizes.items())
             ],
         }
+
+
+def percentiles_of(samples: list[float], percentiles: tuple[float, ...]) -> list[float] | None:
+    """The nearest-rank ``percentiles`` of ``samples``, or None when there are none."""
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    return [ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))] for p in percentiles]

@@ -64,6 +64,8 @@ class LoadedVersion:
     """What ``[batching] tune`` measured at load, when it ran."""
     inflight: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    closed: bool = False
+    """Retired: no request can reach it any more, so its statistics are final."""
     _released: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -86,10 +88,14 @@ class LoadedVersion:
 
     async def retire(self) -> None:
         """Let requests already routed here finish, then close the runtimes."""
-        if self.inflight:
-            await self._released.wait()
-        await self.batcher.drain()
-        await self.batcher.close()
+        try:
+            if self.inflight:
+                await self._released.wait()
+            await self.batcher.drain()
+            await self.batcher.close()
+        finally:
+            # even after a failed close: nothing routes here, and telemetry stops waiting
+            self.closed = True
 
 
 def estimate_memory_bytes(version_dir: Path, config: ModelConfig) -> int:
