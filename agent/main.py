@@ -12,13 +12,13 @@ import uvicorn
 
 from agent.accelerators import AcceleratorProbe
 from agent.api.app import create_app
-from agent.api.http_protocol import HttpLimits, protocol_class
+from agent.api.http_protocol import HttpLimits, default_body_budget_bytes, protocol_class
 from agent.api.state import ApiState
 from agent.inference.manager import ModelManager
 from agent.inference.service import InferenceService
 from agent.inference.versions import RuntimeFactory
 from agent.metrics import AgentMetrics
-from agent.settings import AgentSettings
+from agent.settings import AgentSettings, SettingsError
 from agent.systemd import SystemdNotifier
 from common.logs import configure_logging
 from common.server import GracefulServer
@@ -62,6 +62,62 @@ def build_state(
     return ApiState(service, manager, metrics, settings, fleet)
 
 
+_HOW_TO_SET = "--model-repository DIR or EDGEFLEET_AGENT_MODEL_REPOSITORY"
+
+
+def check_repository(settings: AgentSettings) -> None:
+    """Refuse a model repository the agent could never serve from, before anything starts.
+
+    A local-only agent serves only what its directory holds: a missing one is a mistyped path
+    far more often than a wish to serve nothing, so it is an error. An agent that follows a
+    fleet gets its models from the fleet: its store creates the directory, and an empty one is
+    how every new device starts. An empty directory of a local-only agent is served (ready,
+    as Triton is) with a warning.
+
+    Raises:
+        SettingsError: the directory does not exist (local-only), is not a directory, or
+            cannot be read.
+    """
+    path = settings.model_repository
+    following = settings.fleet.enabled
+    try:
+        with os.scandir(path) as entries:
+            # the manager's notion of a model: a directory not hidden (the fleet's .staging)
+            models = [e.name for e in entries if e.is_dir() and not e.name.startswith(".")]
+    except FileNotFoundError:
+        if following:
+            log.info(
+                "model repository does not exist yet: the fleet's models will be stored there",
+                extra={"repository": str(path)},
+            )
+            return
+        raise SettingsError(
+            f"model repository {path} does not exist: create it, or name the right directory "
+            f"with {_HOW_TO_SET}"
+        ) from None
+    except NotADirectoryError:
+        raise SettingsError(
+            f"model repository {path} is not a directory: name one with {_HOW_TO_SET}"
+        ) from None
+    except OSError as exc:
+        raise SettingsError(
+            f"model repository {path} cannot be read ({exc.strerror or exc}): give the agent's "
+            f"user access, or name another directory with {_HOW_TO_SET}"
+        ) from None
+    if models:
+        return
+    if following:
+        log.info(
+            "model repository is empty: waiting for the fleet's desired state",
+            extra={"repository": str(path)},
+        )
+    else:
+        log.warning(
+            "model repository is empty: there is nothing to serve (ready, as Triton is)",
+            extra={"repository": str(path), "setting": "model_repository"},
+        )
+
+
 def bind_socket(settings: AgentSettings) -> socket.socket:
     """Bind before serving, so the Unix socket gets its permissions before anyone connects
     and a port of 0 is known to the caller."""
@@ -87,6 +143,9 @@ def bind_socket(settings: AgentSettings) -> socket.socket:
 
 
 def server_config(settings: AgentSettings, state: ApiState) -> uvicorn.Config:
+    body_budget = settings.max_inflight_body_bytes or default_body_budget_bytes(
+        state.manager.hardware.memory_budget_bytes, settings.max_request_bytes
+    )
     return uvicorn.Config(
         create_app(state),
         loop="uvloop",
@@ -99,7 +158,9 @@ def server_config(settings: AgentSettings, state: ApiState) -> uvicorn.Config:
                 max_concurrent_requests=settings.max_concurrent_requests,
                 open_paths=frozenset(p.encode() for p in settings.api_key_open_paths),
                 whole_body_bytes=settings.max_request_bytes,
-            )
+                max_inflight_body_bytes=body_budget,
+            ),
+            state.metrics.count_refusal,
         ),
         lifespan="on",
         ws="none",  # no WebSocket routes: an upgrade is refused by the protocol (http_protocol)
@@ -119,6 +180,7 @@ def server_config(settings: AgentSettings, state: ApiState) -> uvicorn.Config:
 
 def run(settings: AgentSettings) -> None:
     configure_logging(settings.log_level)
+    check_repository(settings)
     state = build_state(settings)
     sock = bind_socket(settings)
     where = str(settings.uds) if settings.uds else "http://{}:{}".format(*sock.getsockname()[:2])

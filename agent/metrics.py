@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections.abc import Iterator
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 import psutil
@@ -44,6 +45,46 @@ LATENCY_BUCKETS_S = (
 )
 BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
 LABELS = ("model", "version")
+
+
+class RefusalReason(StrEnum):
+    """Why a request was turned away: the ``reason`` of ``edgefleet_requests_refused_total``.
+    A limit's refusal is named after its setting."""
+
+    BAD_HTTP = "bad_http"
+    """400: not HTTP the agent serves (unparsable, an upgrade, a body cut short)."""
+    MAX_HEADER_BYTES = "max_header_bytes"
+    """431."""
+    HEADER_TIMEOUT = "header_timeout"
+    """408: the head was not complete within ``header_timeout_s``."""
+    BODY_TIMEOUT = "body_timeout"
+    """408: the body was not complete within ``body_timeout_s``."""
+    MAX_CONNECTIONS = "max_connections"
+    """503."""
+    MAX_CONCURRENT_REQUESTS = "max_concurrent_requests"
+    """503."""
+    MAX_INFLIGHT_BODY_BYTES = "max_inflight_body_bytes"
+    """503: the bodies in flight would pass the budget (413 for a body over it alone)."""
+    MAX_REQUEST_BYTES = "max_request_bytes"
+    """413: declared, streamed or inflated past it."""
+    UNAUTHORIZED = "unauthorized"
+    """401: no API key, or not a valid one."""
+    RATE_LIMITED = "rate_limited"
+    """429."""
+    BAD_JSON = "bad_json"
+    """400: an inference body that is not JSON."""
+    NULL_VALUE = "null_value"
+    """400: null where a tensor's value belongs (a client's NaN, often)."""
+    INVALID_REQUEST = "invalid_request"
+    """400: any other malformed request (shape, datatype, parameters, the tensor limits)."""
+    MODEL_NOT_FOUND = "model_not_found"
+    """404."""
+    MODEL_NOT_READY = "model_not_ready"
+    """503: the model is known but not serving."""
+    QUEUE_FULL = "queue_full"
+    """503: the model's batcher queue is full (``max_queue_size``)."""
+    SHUTTING_DOWN = "shutting_down"
+    """503: a new request while the agent shuts down."""
 
 
 class Tally:
@@ -158,6 +199,13 @@ class AgentMetrics:
             LABELS,
             LATENCY_BUCKETS_S,
         )
+        self.refusals = _Counters(
+            "edgefleet_requests_refused",
+            "Requests turned away before any inference ran, by reason",
+            ("reason",),
+        )
+        for reason in RefusalReason:  # every reason from the start, at 0
+            self.refusals.child(reason.value)
         self.fleet_rejected = Counter(
             "edgefleet_fleet_messages_rejected",
             "Fleet messages refused, by topic and reason",
@@ -212,12 +260,17 @@ class AgentMetrics:
     def observe_failure(self, model: str, version: str, code: str) -> None:
         self.requests.child(model, version, code).inc()
 
+    def count_refusal(self, reason: RefusalReason) -> None:
+        """One request turned away; called on the event loop, as the hot path's counters are."""
+        self.refusals.series[(reason.value,)].inc()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
     def collect_state(self) -> Iterator[Metric]:
         for hot in (
             self.requests,
+            self.refusals,
             self.rows,
             self.batches,
             self.batch_size,

@@ -20,6 +20,11 @@ from common.settings import settings_from
 from runtimes.settings import RuntimeSettings
 
 
+class SettingsError(Exception):
+    """A setting that validates but that the agent cannot start with (a model repository that
+    does not exist); the message names the setting and how to set it."""
+
+
 class AgentSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="EDGEFLEET_AGENT_",
@@ -31,7 +36,8 @@ class AgentSettings(BaseSettings):
     )
 
     model_repository: Path = Path("models")
-    """Directory of models: <model>/<version>/<file>, optional <model>/config.toml."""
+    """Directory of models: <model>/<version>/<file>, optional <model>/config.toml. A local-only
+    agent refuses to start when it does not exist; one that follows a fleet creates it."""
 
     host: str = "127.0.0.1"
     """Address to listen on. Loopback by default: expose the endpoint on purpose."""
@@ -72,6 +78,15 @@ class AgentSettings(BaseSettings):
     """Open client connections; requests on connections beyond get 503 and are closed."""
     max_concurrent_requests: int = Field(default=256, gt=0)
     """Requests in flight at once (health probes aside); more get an immediate 503."""
+    max_inflight_body_bytes: int | None = Field(default=None, gt=0)
+    """Request bodies all connections may hold at once, in bytes, from a request's head to
+    its response: a body whose declared length would pass it gets 503 with Retry-After before
+    it is read (413 if it alone is over it), a chunked one as soon as it grows past it. Unset:
+    a quarter of the memory budget models may use (the hardware profile's), at least 64 MiB and
+    at most 1 GiB (256 MiB where memory is unknown), and never under ``max_request_bytes``. A
+    quarter because a body's memory is only the start: decoding makes its tensors (about as
+    much again) and the models need the rest; 1 GiB of bodies already outruns what a device's
+    event loop decodes in a body deadline, and 64 MiB admits one largest body by default."""
 
     api_key: SecretStr | None = None
     """Require this key (``Authorization: Bearer`` or ``X-API-Key``) on every endpoint but
@@ -98,7 +113,8 @@ class AgentSettings(BaseSettings):
     itself a new address for every request and never run out of its rate limit."""
 
     strict_readiness: bool = True
-    """Ready only when every model of the repository serves (Triton's default)."""
+    """Ready only when every model loaded from the repository serves (Triton's default); off,
+    ready when at least one model serves. Either way an empty repository is ready (as Triton)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     access_log: bool = True
     """Log every request (failures are logged regardless)."""

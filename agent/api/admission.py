@@ -12,7 +12,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent.api.access import ApiKeys, RateLimiter
-from agent.api.errors import error_response
+from agent.api.errors import count_refusal, error_response
 from agent.errors import AgentError
 
 
@@ -35,6 +35,7 @@ class Admission:
             try:
                 self.check(scope)
             except AgentError as exc:
+                count_refusal(scope, exc)
                 await error_response(exc)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -1,7 +1,8 @@
 """Domain errors -> HTTP: one table and one handler.
 
 The body is the V2 / TF Serving error shape, ``{"error": "<message>"}``, which unmodified
-clients (tritonclient, TF Serving clients) read, plus a stable machine-readable ``code``.
+clients (tritonclient, TF Serving clients) read, plus a stable machine-readable ``code``. An
+error that turns a request away is also counted by its reason (:func:`count_refusal`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ import logging
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.types import Scope
 
 from agent import errors as agent_errors
+from agent.api.http_protocol import REFUSED_KEY
+from agent.api.v2_codec import BadJsonError, NullValueError
+from agent.metrics import RefusalReason
 from common.model_config import ModelConfigError
 from runtimes import errors as runtime_errors
 
@@ -41,6 +46,35 @@ STATUS: tuple[tuple[type[Exception], int], ...] = (
 
 
 HANDLED = (agent_errors.AgentError, runtime_errors.RuntimeFailure, ModelConfigError)
+
+# The errors that turn a request away before any inference runs, most specific first. Not
+# refusals: a failure once queued (a deadline, the runtime's own), a load that failed, a
+# client gone.
+REFUSALS: tuple[tuple[type[Exception], RefusalReason], ...] = (
+    (BadJsonError, RefusalReason.BAD_JSON),
+    (NullValueError, RefusalReason.NULL_VALUE),
+    (agent_errors.RequestError, RefusalReason.INVALID_REQUEST),
+    (runtime_errors.InvalidInputError, RefusalReason.INVALID_REQUEST),
+    (agent_errors.PayloadTooLargeError, RefusalReason.MAX_REQUEST_BYTES),
+    (agent_errors.UnauthorizedError, RefusalReason.UNAUTHORIZED),
+    (agent_errors.RateLimitedError, RefusalReason.RATE_LIMITED),
+    (agent_errors.ModelNotFoundError, RefusalReason.MODEL_NOT_FOUND),
+    (agent_errors.ModelNotReadyError, RefusalReason.MODEL_NOT_READY),
+    (agent_errors.OverloadedError, RefusalReason.QUEUE_FULL),
+    (agent_errors.ShuttingDownError, RefusalReason.SHUTTING_DOWN),
+)
+
+
+def count_refusal(scope: Scope, exc: Exception) -> None:
+    """Count ``exc``, about to be answered, if it turns the request away; the counter is the
+    one the agent's HTTP protocol left in the scope (none under another server)."""
+    count = scope.get(REFUSED_KEY)
+    if count is None:
+        return
+    for cls, reason in REFUSALS:
+        if isinstance(exc, cls):
+            count(reason)
+            return
 
 
 def status_of(exc: Exception) -> int:
@@ -79,4 +113,5 @@ def log_if_failed(path: str, exc: Exception) -> None:
 
 async def handle_error(request: Request, exc: Exception) -> Response:
     log_if_failed(request.url.path, exc)
+    count_refusal(request.scope, exc)
     return error_response(exc)

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from agent.api import v2
 from agent.api.admission import Admission
 from agent.api.context import Context, begin, finish
-from agent.api.errors import error_parts, log_if_failed
+from agent.api.errors import count_refusal, error_parts, log_if_failed
 from agent.api.http_protocol import (
     CONNECTION_KEY,
     Connection,
@@ -114,6 +114,7 @@ class InferFastPath:
                 raise
             except Exception as exc:  # a bug answers 500 with the error body, and is logged
                 log_if_failed(scope["path"], exc)
+                count_refusal(scope, exc)
                 status, headers, body = _error_answer(exc)
             headers = _framed(headers, body, context)
             if not respond(scope, status, headers, body):  # another server runs the app
@@ -157,6 +158,7 @@ class InferFastPath:
             call = v2.start_infer(self.state, scope, headers, body, *route, context.started)
         except Exception as exc:  # a bug answers 500 with the error body, and is logged
             log_if_failed(scope["path"], exc)
+            count_refusal(scope, exc)
             self._write(scope, context, _error_answer(exc), tasks)
             return
         connection: Connection = scope[CONNECTION_KEY]

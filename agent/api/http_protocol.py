@@ -15,6 +15,15 @@ reads of :data:`HEAD_READ_BYTES`, so only the little of the body that arrives wi
 goes through the parser, and the buffer is not zero-filled first: the kernel writes every byte
 of it before the handler can see it.
 
+The bodies all connections hold at once are budgeted (``max_inflight_body_bytes``): a body with
+a declared length is taken from the budget once its head is parsed, or refused with 503 unread
+when it would pass it; a chunked one as it grows, refused (and its connection closed) the moment
+it would. A request gives its bytes back when its response is complete, or its connection lost,
+and a connection lost, or closed for its deadline, drops the body it was reading at once (see
+:meth:`BoundedHttpProtocol.connection_lost`). Every refusal is counted by its
+:class:`~agent.metrics.RefusalReason`, here and, through the request's scope
+(:data:`REFUSED_KEY`), in the application.
+
 These act before any ASGI code runs, where a slow or hostile client would otherwise hold memory
 or a connection for free, and where refusing a request under load is cheapest (a deadline here
 is one timer per request whose body spans packets, not a timeout around every ``receive``).
@@ -27,6 +36,7 @@ requests of connections already being served.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -40,6 +50,8 @@ from uvicorn.protocols.http.httptools_impl import (
     HttpToolsProtocol,
     RequestResponseCycle,
 )
+
+from agent.metrics import RefusalReason
 
 BUFFERED_BODY_BYTES = 64 * 1024
 """A body collected whole from this size up is read straight into its buffer and handed over
@@ -68,6 +80,19 @@ class HttpLimits:
     whole_body_bytes: int = 0
     """A body declaring at most this many bytes is collected whole before its handler hears of
     it; 0 leaves every body to uvicorn's 64 KiB steps."""
+    max_inflight_body_bytes: int = 0
+    """Bytes of request bodies the server's connections may hold at once; 0: no budget."""
+
+
+def default_body_budget_bytes(memory_budget_bytes: int | None, max_request_bytes: int) -> int:
+    """``max_inflight_body_bytes`` when it is not set: a quarter of the memory budget models may
+    use, within 64 MiB and 1 GiB (256 MiB when the memory is not known), and never under one
+    body of ``max_request_bytes``."""
+    if memory_budget_bytes is None:
+        share = 256 * 2**20
+    else:
+        share = max(64 * 2**20, min(memory_budget_bytes // 4, 2**30))
+    return max(share, max_request_bytes)
 
 
 @dataclass
@@ -77,10 +102,29 @@ class _InFlight:
     count: int = 0
 
 
+@dataclass
+class _BodyBudget:
+    """Bytes of request bodies one server's connections hold, against ``limit`` (0: none).
+    Changed on the event loop only."""
+
+    limit: int
+    used: int = 0
+
+    def fits(self, size: int) -> bool:
+        return not self.limit or self.used + size <= self.limit
+
+
+def _uncounted(reason: RefusalReason) -> None:
+    """Where no metrics are wired (the protocol alone, in tests)."""
+
+
 CONNECTION_KEY = "edgefleet.connection"
 """Scope key of the request's :class:`Connection`."""
 CYCLE_KEY = "edgefleet.cycle"
 """Scope key of the request's uvicorn cycle, for :func:`respond`."""
+REFUSED_KEY = "edgefleet.refused"
+"""Scope key of the server's refusal counter, ``(RefusalReason) -> None``, for the refusals
+the application makes (:func:`agent.api.errors.count_refusal`)."""
 
 
 class Connection:
@@ -177,6 +221,10 @@ class _Reader(asyncio.BufferedProtocol):
         self.resume_writing = protocol.resume_writing  # type: ignore[method-assign]
 
 
+_CODES = {413: "payload_too_large", 503: "overloaded"}
+"""The error code of a refusal that leaves its connection open, by status."""
+
+
 class _Answered(Exception):
     """Raised in a parser callback to stop parsing once a refusal has been written."""
 
@@ -184,6 +232,9 @@ class _Answered(Exception):
 class BoundedHttpProtocol(HttpToolsProtocol):
     limits: ClassVar[HttpLimits]
     in_flight: ClassVar[_InFlight]
+    budget: ClassVar[_BodyBudget]
+    refused: ClassVar[staticmethod[[RefusalReason], None]]
+    """Counts a request turned away (``AgentMetrics.count_refusal``)."""
     head_buffer: ClassVar[memoryview]
     """Shared by the server's connections reading through :class:`_Reader`: a read is handed to
     the parser, which copies what it keeps, before the event loop reads anything else."""
@@ -201,6 +252,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._declared = -1  # the request's Content-Length, -1 if none or not a number
         self._whole: memoryview | None = None  # the body being collected whole, if it is
         self._filled = 0
+        self._growing = False  # the body is taken from the budget as it arrives (chunked)
+        self._body_bytes = 0  # taken from the budget by the body being read
+        # taken by each request whose body is read and whose response is not complete, oldest
+        # first (pipelined requests answer in order)
+        self._held: deque[int] = deque()
         self._connection = Connection()
         self._heads_up = False
         self._direct: DirectApp | None = None  # answers the request whose body is read
@@ -243,7 +299,18 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self._whole = None
         self.in_flight.count -= self._counted
         self._counted = 0
+        self.budget.used -= self._body_bytes + sum(self._held)
+        self._body_bytes = 0
+        self._held.clear()
         super().connection_lost(exc)
+        # A body not handed over is dropped now. Its cycle is in reference cycles (with this
+        # protocol through cycle.on_response, with its scope, with _whole_receive), so it
+        # would wait for the cycle collector, holding the body: 200 half-sent bodies of 1 MiB
+        # held 108 MB until a gc ran. A cycle lost answers receive() with a disconnect only.
+        if self.cycle is not None:
+            self.cycle.body = bytearray()
+        for cycle, _ in self.pipeline:  # pipelined requests never started
+            cycle.body = bytearray()
         self._connection._lose()
 
     def data_received(self, data: bytes) -> None:
@@ -257,6 +324,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if self._counted:
             self._counted -= 1
             self.in_flight.count -= 1
+        if self._held:  # the oldest request with its body read: the one answered
+            self.budget.used -= self._held.popleft()
         super().on_response_complete()
 
     def on_message_begin(self) -> None:
@@ -267,6 +336,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._direct = None
         self.scope[CONNECTION_KEY] = self._connection  # type: ignore[literal-required]
+        self.scope[REFUSED_KEY] = self.refused  # type: ignore[literal-required]
         self._head_bytes = 0
         self._declared = -1
         self._cancel_head_timer()
@@ -304,25 +374,42 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                 "upgrade_not_supported",
                 f"protocol upgrades are not supported (Upgrade: {upgrade or '?'}, or CONNECT):"
                 " send the request without Connection: Upgrade",
+                RefusalReason.BAD_HTTP,
             )
         if self._over_limit:
             self._answer(
                 503,
                 "overloaded",
                 f"too many open connections (max_connections={self.limits.max_connections})",
+                RefusalReason.MAX_CONNECTIONS,
                 retry_after_s=1,
             )
         # Refused here, before an ASGI task exists: a refusal costs a few microseconds, so a
         # flood of them cannot starve the requests admitted. The connection stays open (a
         # close with the body unread would reset it, losing the answer); the body is skipped.
-        if self.url.split(b"?", 1)[0] not in self.limits.open_paths:
+        counted = self.url.split(b"?", 1)[0] not in self.limits.open_paths
+        if counted:
             limit = self.limits.max_concurrent_requests
             if self.in_flight.count >= limit and not self._responding():
                 self._refuse_and_discard(
+                    503,
                     f"{self.in_flight.count} requests are in flight, the limit of "
-                    f"max_concurrent_requests={limit}"
+                    f"max_concurrent_requests={limit}",
+                    RefusalReason.MAX_CONCURRENT_REQUESTS,
                 )
                 return
+        # A declared body is taken from the budget whole, before a byte of it is read; one
+        # over the size limit is refused by its handler (413) and one without a length (or
+        # with no size limit here) is taken as it arrives (on_body).
+        declared = self._declared
+        upfront = 0 < declared and (
+            declared <= self.limits.whole_body_bytes or not self.limits.whole_body_bytes
+        )
+        self._growing = not upfront
+        if upfront and not self.budget.fits(declared):
+            self._over_budget(declared)
+            return
+        if counted:
             self.in_flight.count += 1
             self._counted += 1
         self._in_body = True
@@ -335,6 +422,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if self.cycle is not previous:  # a request cycle was made (not an upgrade)
             self.cycle.transport = self._writer  # type: ignore[assignment]
             self.scope[CYCLE_KEY] = self.cycle  # type: ignore[literal-required]
+            if upfront:
+                self._body_bytes = declared
+                self.budget.used += declared
             if 0 < self._declared <= self.limits.whole_body_bytes:
                 self._collect_whole(self._declared)
 
@@ -387,6 +477,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             return
         whole = self._whole
         if whole is None:
+            if self._growing and not self.cycle.response_complete:  # else uvicorn drops it
+                if not self.budget.fits(len(body)):
+                    self._over_budget_growing()
+                self._body_bytes += len(body)
+                self.budget.used += len(body)
             super().on_body(body)
         elif not self.cycle.response_complete:  # answered without its body: dropped
             end = self._filled + len(body)
@@ -396,6 +491,14 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._in_body = False
         self._cancel_body_timer()
+        if not self._discarding:
+            # The body stays taken from the budget until its response is complete: the
+            # handler holds it (or the arrays decoded from it) until then.
+            size, self._body_bytes = self._body_bytes, 0
+            if self.cycle is None or self.cycle.response_complete:  # answered before its body
+                self.budget.used -= size
+            else:
+                self._held.append(size)
         if self._whole is not None:
             if (
                 self._filled < len(self._whole)
@@ -406,7 +509,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                 # The parser ended the message before the body it declared arrived (it does
                 # for an upgrade, refused above): a buffer the kernel has not filled holds
                 # earlier requests' memory and must never reach a handler.
-                self._answer(400, "bad_request", "the request ended before its declared body")
+                self._answer(
+                    400,
+                    "bad_request",
+                    "the request ended before its declared body",
+                    RefusalReason.BAD_HTTP,
+                )
             self._whole.release()
             self._whole = None
         if self._discarding:
@@ -426,6 +534,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         if not self._answered:  # a refusal of ours stopped the parser: it already answered
+            self.refused(RefusalReason.BAD_HTTP)
             super().send_400_response(msg)
 
     def _count(self, size: int) -> None:
@@ -436,6 +545,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                 "headers_too_large",
                 "the request line and headers are over "
                 f"max_header_bytes={self.limits.max_header_bytes}",
+                RefusalReason.MAX_HEADER_BYTES,
             )
 
     def _head_late(self) -> None:
@@ -447,6 +557,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                     "request_timeout",
                     "the request head did not arrive within "
                     f"header_timeout_s={self.limits.header_timeout_s:g}",
+                    RefusalReason.HEADER_TIMEOUT,
                 )
             except _Answered:
                 pass
@@ -457,6 +568,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             return
         if not self._discarding and self.cycle is not None and not self.cycle.response_started:
             # The handler waiting for the body sees a disconnect; the client sees why.
+            self.refused(RefusalReason.BODY_TIMEOUT)
             message = "the request body did not arrive within body_timeout_s={:g}"
             self.transport.write(
                 _response(
@@ -479,8 +591,16 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self._head_timer.cancel()
             self._head_timer = None
 
-    def _answer(self, status: int, code: str, message: str, retry_after_s: int = 0) -> None:
+    def _answer(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        reason: RefusalReason,
+        retry_after_s: int = 0,
+    ) -> None:
         """Answer, close, and stop the parser."""
+        self.refused(reason)
         self._answered = True
         if not self._responding():  # else the answer would land inside an earlier response
             self.transport.write(_response(status, code, message, retry_after_s, close=True))
@@ -491,13 +611,47 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         """An earlier (pipelined) request's response is still being written."""
         return self.cycle is not None and not self.cycle.response_complete
 
-    def _refuse_and_discard(self, message: str) -> None:
-        """A 503 on a connection that stays open; the request's body is skipped, within
-        ``body_timeout_s`` like any body (else a client that never sends it held the connection
-        for ever: the idle timer is off while a request is read)."""
-        self.transport.write(_response(503, "overloaded", message, 1, close=False))
+    def _refuse_and_discard(self, status: int, message: str, reason: RefusalReason) -> None:
+        """A 503 (or 413) on a connection that stays open; the request's body is skipped,
+        within ``body_timeout_s`` like any body (else a client that never sends it held the
+        connection for ever: the idle timer is off while a request is read)."""
+        self.refused(reason)
+        response = _response(status, _CODES[status], message, int(status == 503), close=False)
+        self.transport.write(response)
         self._discarding = True
         self._in_body = True
+
+    def _over_budget(self, declared: int) -> None:
+        """Refuse a request whose declared body does not fit the budget, before it is read."""
+        limit = self.budget.limit
+        reason = RefusalReason.MAX_INFLIGHT_BODY_BYTES
+        if declared > limit:  # would never fit: not worth a retry
+            message = f"body of {declared} bytes is over max_inflight_body_bytes={limit}"
+            status = 413
+        else:
+            message = (
+                f"bodies of {self.budget.used} bytes are in flight: {declared} more would pass "
+                f"max_inflight_body_bytes={limit}"
+            )
+            status = 503
+        if self._responding():  # pipelined behind a response being written: closed after it
+            self._answer(status, _CODES[status], message, reason, int(status == 503))
+        self._refuse_and_discard(status, message, reason)
+
+    def _over_budget_growing(self) -> None:
+        """A body of no declared length grew past the budget: 503 (unless its response has
+        begun, or one before it is being written) and the connection closed, as for a body
+        past its deadline; the handler waiting for the body sees a disconnect."""
+        self.refused(RefusalReason.MAX_INFLIGHT_BODY_BYTES)
+        self._answered = True
+        if not self.cycle.response_started and not self.pipeline:
+            message = (
+                f"bodies of {self.budget.used} bytes are in flight: this one would pass "
+                f"max_inflight_body_bytes={self.budget.limit}"
+            )
+            self.transport.write(_response(503, "overloaded", message, 1, close=True))
+        self.transport.close()
+        raise _Answered()
 
 
 def _whole_receive(cycle: RequestResponseCycle) -> Callable[[], Any]:
@@ -581,13 +735,18 @@ def _response(status: int, code: str, message: str, retry_after_s: int, *, close
     return b"".join([*head, b"\r\n", body])
 
 
-def protocol_class(limits: HttpLimits) -> type[BoundedHttpProtocol]:
-    """The protocol class uvicorn instantiates, bound to ``limits``."""
+def protocol_class(
+    limits: HttpLimits, refused: Callable[[RefusalReason], None] = _uncounted
+) -> type[BoundedHttpProtocol]:
+    """The protocol class uvicorn instantiates, bound to ``limits``; ``refused`` counts each
+    request turned away."""
 
     class Bound(BoundedHttpProtocol):
         pass
 
     Bound.limits = limits
     Bound.in_flight = _InFlight()
+    Bound.budget = _BodyBudget(limits.max_inflight_body_bytes)
+    Bound.refused = staticmethod(refused)
     Bound.head_buffer = memoryview(bytearray(HEAD_READ_BYTES))
     return Bound

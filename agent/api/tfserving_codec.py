@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from agent.api.v2_codec import json_array
+from agent.api.v2_codec import BadJsonError, NullInData, NullValueError, json_array
 from agent.errors import RequestError
 from runtimes.signature import ModelSignature, TensorSpec
 
@@ -48,7 +48,7 @@ def decode_predict(
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise _fail("body", f"not valid JSON ({exc})") from None
+        raise BadJsonError(f"body: not valid JSON ({exc})", field="body") from None
     if not isinstance(doc, dict):
         raise _fail("body", "must be a JSON object")
     name = doc.get("signature_name", "serving_default")
@@ -146,6 +146,9 @@ def _array(values: Any, spec: TensorSpec, where: str, limit: int) -> np.ndarray:
             array = _strings(values, where)
         else:
             array = json_array(values, spec.datatype)  # numbers only: null is not NaN
+    except NullInData as exc:
+        message = f"{where}: cannot be read as {spec.datatype} (ragged or wrong type): {exc}"
+        raise NullValueError(message, field=where) from None
     except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
         raise _fail(
             where, f"cannot be read as {spec.datatype} (ragged or wrong type): {exc}"
@@ -169,10 +172,11 @@ def _strings(values: Any, where: str) -> np.ndarray:
             out.flat[i] = value
         else:
             at = "".join(f"[{d}]" for d in np.unravel_index(i, array.shape))
-            raise _fail(
-                where + at,
-                f'string inputs take strings or {{"b64": ...}} objects, not {_json_kind(value)}',
+            message = (
+                f'string inputs take strings or {{"b64": ...}} objects, not {_json_kind(value)}'
             )
+            error = NullValueError if value is None else RequestError
+            raise error(f"{where + at}: {message}", field=where + at)
     return out
 
 

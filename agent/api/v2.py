@@ -58,8 +58,12 @@ async def live() -> Response:
     return json_response({"live": True})
 
 
-@router.get("/v2/health/ready", summary="Server readiness: every selected model is ready")
+@router.get(
+    "/v2/health/ready",
+    summary="Server readiness: started, and every model loaded from the repository serves",
+)
 async def ready(request: Request) -> Response:
+    # what Ready means (empty repositories, fleets, strict_readiness): ApiState.ready
     ok = _state(request).ready()
     return json_response({"ready": ok}, status=200 if ok else 503)
 

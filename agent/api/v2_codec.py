@@ -49,6 +49,20 @@ class DecodedRequest:
         return self.parameters.get("binary_data_output", False) is True  # checked at decoding
 
 
+class BadJsonError(RequestError):
+    """The body, or its JSON part, is not JSON: a refusal counted apart from other malformed
+    requests (``edgefleet_requests_refused_total{reason="bad_json"}``)."""
+
+
+class NullValueError(RequestError):
+    """null where a tensor's value belongs (a client's NaN, often): counted apart
+    (``reason="null_value"``)."""
+
+
+class NullInData(ValueError):
+    """:func:`json_array`'s error when what is not a value of the datatype is null."""
+
+
 def _fail(field: str, message: str) -> RequestError:
     return RequestError(f"{field}: {message}", field=field)
 
@@ -71,7 +85,7 @@ def decode_request(
     try:
         doc = orjson.loads(head)
     except orjson.JSONDecodeError as exc:
-        raise _fail("body", f"not valid JSON ({exc})") from None
+        raise BadJsonError(f"body: not valid JSON ({exc})", field="body") from None
     if not isinstance(doc, dict):
         raise _fail("body", "must be a JSON object")
     request_id = doc.get("id")
@@ -177,6 +191,8 @@ def _from_json(data: Any, datatype: str, shape: list[int], where: str) -> np.nda
             flat = np.array(_flatten_bytes(data, where), dtype=object)
         else:
             flat = json_array(data, datatype).reshape(-1)
+    except NullInData as exc:
+        raise NullValueError(f"{where}: cannot be read as {datatype}: {exc}", field=where) from None
     except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
         raise _fail(where, f"cannot be read as {datatype}: {exc}") from None
     expected = math.prod(shape)
@@ -195,19 +211,20 @@ def json_array(values: Any, datatype: str) -> np.ndarray:
     benchmarked). Numbers mixed with booleans still pass: numpy makes numbers of them.
 
     Raises:
-        ValueError: the values are not of the datatype (the message says why), or ragged.
+        ValueError: the values are not of the datatype (the message says why), or ragged;
+            :class:`NullInData` where null is among them.
         FloatingPointError: a value overflows the datatype.
     """
     parsed = np.asarray(values)
     kind = parsed.dtype.kind
     if datatype == "BOOL":
         if kind != "b" and parsed.size:
-            raise ValueError("BOOL data must be true or false")
+            raise _not_values(parsed, "BOOL data must be true or false")
         return parsed.astype(np.bool_, copy=False)
     if kind == "S" and parsed.size:  # only TF Serving's {"b64": ...} values decode to bytes
         raise ValueError(f"b64 values are for string inputs, not {datatype}")
     if kind not in "iuf" and parsed.size:  # b: true/false, U: strings, O: null or objects
-        raise ValueError("the values must be numbers, not null, strings or true/false")
+        raise _not_values(parsed, "the values must be numbers, not null, strings or true/false")
     target = numpy_dtype(datatype)
     if target.kind in "iu" and parsed.size:
         if kind == "f":
@@ -228,6 +245,14 @@ def json_array(values: Any, datatype: str) -> np.ndarray:
         return parsed.astype(target, copy=False)
 
 
+def _not_values(parsed: np.ndarray, message: str) -> ValueError:
+    """The error for values not of the datatype: :class:`NullInData` if null is among them
+    (only an array of Python objects can hold it)."""
+    if parsed.dtype.kind == "O" and any(value is None for value in parsed.flat):
+        return NullInData(message)
+    return ValueError(message)
+
+
 def _flatten_bytes(data: list[Any], where: str) -> list[bytes]:
     out: list[bytes] = []
     for x in data:
@@ -235,6 +260,8 @@ def _flatten_bytes(data: list[Any], where: str) -> list[bytes]:
             out.extend(_flatten_bytes(x, where))
         elif isinstance(x, str):
             out.append(x.encode())
+        elif x is None:
+            raise NullValueError(f"{where}: BYTES data must be strings, got null", field=where)
         else:
             raise _fail(where, f"BYTES data must be strings, got {type(x).__name__}")
     return out

@@ -112,8 +112,8 @@ def test_abstract_namespace_socket_and_environment_unset(idle_state: ApiState) -
         assert sock.recv(4096) == b"WATCHDOG=1"
         idle_state.loaded = True
         notifier.tick()
-        # an empty repository: loaded, not ready under strict readiness
-        assert sock.recv(4096) == b"READY=1\nSTATUS=not ready: 0 of 0 models serving"
+        # an empty repository: ready, as in Triton
+        assert sock.recv(4096) == b"READY=1\nSTATUS=ready: 0 of 0 models serving"
         notifier.stopping()
         assert sock.recv(4096) == b"STOPPING=1\nSTATUS=shutting down"
 

@@ -30,6 +30,7 @@ import copy
 import importlib
 import inspect
 import textwrap
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -298,6 +299,9 @@ PROTOCOL_ATTRIBUTES: dict[str, Expected] = {
     "scope": dict,
     "expect_100_continue": bool,
     "cycle": RequestResponseCycle,
+    # (cycle, app) of pipelined requests not started yet: their bodies are dropped when the
+    # connection is lost, and a body over the budget is refused unanswered behind them
+    "pipeline": deque,
 }
 CYCLE_ATTRIBUTES: dict[str, Expected] = {
     "scope": "is protocol.scope",
@@ -633,6 +637,20 @@ def test_receive_does_what_whole_receive_copies(loop: asyncio.AbstractEventLoop,
     assert got == copied, (
         f"{CYCLE}.receive changed ({case}): it gives {got}; its copy "
         f"agent.api.http_protocol._whole_receive gives {copied} {TESTED}"
+    )
+
+
+def test_receive_answers_a_lost_connection_with_a_disconnect_even_with_its_body_in(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """``BoundedHttpProtocol.connection_lost`` drops the body of a lost request's cycle (else
+    it waits for the cycle collector): nothing may read it after the loss."""
+    wire = connect(loop)
+    wire.protocol.data_received(POST + b"abc")  # the whole body, not yet received
+    wire.protocol.connection_lost(None)
+    message = loop.run_until_complete(wire.cycle().receive())
+    assert message == {"type": "http.disconnect"}, (
+        f"{CYCLE}.receive changed: after connection_lost it gives {message} {TESTED}"
     )
 
 
