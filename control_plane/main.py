@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import uvicorn
+from pydantic import SecretStr
 
 from common.logs import configure_logging
 from common.server import GracefulServer
@@ -24,7 +25,27 @@ from control_plane.signing.trust import TrustManager
 log = logging.getLogger("edgefleet.control_plane")
 
 
+def with_broker_password(settings: ControlPlaneSettings) -> ControlPlaneSettings:
+    """``settings`` with ``mqtt_password`` read from ``mqtt_password_file``, if one is set.
+
+    Raises:
+        SystemExit: the file cannot be read (one line, ``Error: ...``, as the CLI's errors).
+    """
+    path = settings.mqtt_password_file
+    if path is None:
+        return settings
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SystemExit(f"Error: mqtt_password_file {path}: {reason}") from None
+    # NOTE: `echo secret > file` and editors end the file with a newline; no password does
+    password = SecretStr(text.rstrip("\r\n"))
+    return settings.model_copy(update={"mqtt_password": password, "mqtt_password_file": None})
+
+
 def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
+    settings = with_broker_password(settings)
     migrate(settings.db_url)
     engine = make_engine(settings.db_url)
     sessions = session_factory(engine)

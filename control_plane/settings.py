@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -32,8 +32,15 @@ class ControlPlaneSettings(BaseSettings):
     """SQLAlchemy URL: sqlite+aiosqlite:///path or postgresql+psycopg://user@host/db."""
     mqtt_url: str = "mqtt://127.0.0.1:1883"
     mqtt_username: str | None = None
+    """The control plane's broker user (``edgefleet fleet`` names it edgefleet-control-plane);
+    not used with mutual TLS, where the certificate's name is the username."""
     mqtt_password: SecretStr | None = None
-    """Never logged."""
+    """Never logged. Prefer ``mqtt_password_file``: a password in the config or the
+    environment is seen by whatever reads those."""
+    mqtt_password_file: Path | None = None
+    """A file whose content is the broker password, a trailing newline dropped (``edgefleet
+    fleet init`` writes it, mode 0600). Read at start-up; unreadable, start-up stops. Not
+    together with ``mqtt_password``."""
     mqtt_tls_ca_file: Path | None = None
     mqtt_tls_cert_file: Path | None = None
     """Client certificate for a broker that requires mutual TLS (see ``edgefleet fleet``)."""
@@ -126,6 +133,12 @@ class ControlPlaneSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+    @model_validator(mode="after")
+    def _one_broker_password(self) -> ControlPlaneSettings:
+        if self.mqtt_password is not None and self.mqtt_password_file is not None:
+            raise ValueError("give mqtt_password or mqtt_password_file, not both")
+        return self
 
     def artifact_base_url(self) -> str:
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")

@@ -144,6 +144,10 @@ class FleetCA:
         self._save_ledger(ledger)
         return revoked
 
+    def holders(self) -> set[str]:
+        """The common names that hold a certificate not revoked."""
+        return {str(e["cn"]) for e in self._ledger().values() if e["revoked_at"] is None}
+
     def crl_pem(self) -> bytes:
         now = datetime.now(UTC)
         builder = (

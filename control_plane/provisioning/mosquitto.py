@@ -6,14 +6,24 @@ Mosquitto configuration.
     <state_dir>/mqtt/<service>.pem / .key      a service user's client certificate (mTLS)
     <state_dir>/pki/                           the fleet CA (see :mod:`.ca`)
 
-``write_config`` renders a directory Mosquitto can run from: ``mosquitto.conf`` (one listener),
-``acl``, and either ``passwd`` (username and password) or the CA, the broker's certificate and
-the CRL (mutual TLS, the username being the certificate's common name).
+``write_config`` renders a directory Mosquitto can run from: ``mosquitto.conf`` (one listener,
+persistence and its pid file in ``data/``), ``acl``, and either ``passwd`` (username and
+password) or the CA, the broker's certificate and the CRL (mutual TLS, the username being the
+certificate's common name). It remembers that directory (``<state_dir>/mqtt/broker.json``),
+so issuing or revoking a device afterwards rewrites the files there
+(:meth:`FleetAccess.refresh_broker`); the broker rereads them on SIGHUP.
+
+Started as root, Mosquitto reads its config, then drops to its ``user`` (``mosquitto`` unless the
+config says otherwise) and only then opens the password file, the ACL, the certificates and its
+persistence: those are handed to that user (:func:`default_owner`), and the directory must be
+reachable by it.
 """
 
 from __future__ import annotations
 
+import grp
 import ipaddress
+import json
 import os
 import pwd
 import shutil
@@ -44,6 +54,65 @@ def loopback_only(bind: str) -> bool:
         return ipaddress.ip_address(bind).is_loopback
     except ValueError:  # a host name: whatever it resolves to, not known to be loopback
         return False
+
+
+BROKER_CERT_NAME = "edgefleet-broker"
+"""The common name of the broker's own (server) certificate."""
+BROKER_USER = "mosquitto"
+"""The user a Mosquitto started as root drops to when its config names none."""
+
+
+def default_owner() -> str | None:
+    """Who the broker's files are for when no owner is given: ``mosquitto`` when this runs as
+    root (as does a broker started by root, which then drops to that user), else None: the
+    broker runs as whoever runs this, and the files stay theirs.
+
+    Raises:
+        ValueError: running as root, and there is no ``mosquitto`` user here.
+    """
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam(BROKER_USER)
+    except KeyError:
+        raise ValueError(
+            f"run as root, Mosquitto drops to the user {BROKER_USER!r}, which does not exist "
+            "here: pass --owner USER, the user the broker is to run as"
+        ) from None
+    return BROKER_USER
+
+
+def check_reachable(directory: Path, account: pwd.struct_passwd) -> None:
+    """Raise ValueError unless ``account`` can reach files in ``directory`` (search permission
+    on it and on every directory above it; those not created yet are left out)."""
+    if account.pw_uid == 0:
+        return
+    groups = set(os.getgrouplist(account.pw_name, account.pw_gid))
+    for path in (directory, *directory.parents):
+        if not path.exists():
+            continue
+        st = path.stat()
+        if st.st_uid == account.pw_uid:
+            allowed = st.st_mode & 0o100
+        elif st.st_gid in groups:
+            allowed = st.st_mode & 0o010
+        else:
+            allowed = st.st_mode & 0o001
+        if not allowed:
+            group = grp.getgrgid(st.st_gid).gr_name if _has_group(st.st_gid) else st.st_gid
+            raise ValueError(
+                f"the broker, running as {account.pw_name}, could not reach {directory}: "
+                f"{path} (mode {st.st_mode & 0o777:o}, group {group}) is closed to it; choose "
+                "a directory it can reach (under /srv or /etc/mosquitto, say) or another --owner"
+            )
+
+
+def _has_group(gid: int) -> bool:
+    try:
+        grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return True
 
 
 class FleetAccess:
@@ -136,33 +205,86 @@ class FleetAccess:
         """Write the broker's directory; return the path of its mosquitto.conf.
 
         Args:
-            owner: the user Mosquitto runs as. Started as root, Mosquitto drops to that user
-                (``user`` in the config, default ``mosquitto``) before it reads the password
-                file, so the files are handed to it (they stay mode 0600).
+            owner: the user Mosquitto runs as, when not the user running this (see
+                :func:`default_owner`): written as its ``user`` setting, and the files are
+                handed to it (they stay mode 0600).
+
+        Raises:
+            KeyError: no such ``owner``.
+            PermissionError: handing files to ``owner`` needs root.
         """
         out = out.resolve()  # mosquitto resolves relative paths against its own cwd
+        account = pwd.getpwnam(owner) if owner else None
         out.mkdir(parents=True, exist_ok=True)
+        data = out / "data"
+        data.mkdir(mode=0o700, exist_ok=True)
         self.service(CONTROL_PLANE_USER, tls=tls)
-        write_atomically(out / "acl", render_acl(self.topics).encode())
         if tls:
             ca = self.ca
             shutil.copyfile(ca.cert_path, out / "ca.pem")
-            ca.issue("edgefleet-broker", server_names=list(server_names)).write(out, "server")
-            write_atomically(out / "crl.pem", ca.crl_pem())
-        else:
-            self.passwords.save(out / "passwd")
+            ca.issue(BROKER_CERT_NAME, server_names=list(server_names)).write(out, "server")
         conf = out / "mosquitto.conf"
-        head = f"user {owner}\n" if owner else ""
-        # the control plane acknowledges device messages once stored: a wide in-flight window
-        # (its mqtt_broker_inflight setting must match) and room to queue while it restarts
-        head += "max_inflight_messages 1000\nmax_queued_messages 100000\n"
-        text = head + f"listener {port} {bind}\n" + self.listener_options(out, tls=tls)
-        write_atomically(conf, text.encode())
-        if owner:
-            account = pwd.getpwnam(owner)
+        lines = ["# Generated by `edgefleet fleet`; regenerate rather than edit."]
+        lines += [f"user {owner}"] if owner else []
+        lines += [
+            # the control plane's messages queued for an offline device (and the devices' for
+            # a restarting control plane) survive a broker restart (docs/operations.md)
+            "persistence true",
+            f"persistence_location {data}/",
+            "autosave_interval 60",
+            f"pid_file {data / 'mosquitto.pid'}",  # for a reload: kill -HUP $(cat ...)
+            # the control plane acknowledges device messages once stored: a wide in-flight
+            # window (its mqtt_broker_inflight setting must match) and room to queue while it
+            # restarts
+            "max_inflight_messages 1000",
+            "max_queued_messages 100000",
+            f"listener {port} {bind}",
+        ]
+        write_atomically(
+            conf, ("\n".join(lines) + "\n" + self.listener_options(out, tls=tls)).encode()
+        )
+        self._write_access(out, tls=tls, topics=self.topics)
+        if account is not None:
             for path in out.iterdir():
                 os.chown(path, account.pw_uid, account.pw_gid)
+        record = {"dir": str(out), "tls": tls, "owner": owner, "topic_prefix": self.topics.prefix}
+        write_atomically(self.mqtt_dir / "broker.json", json.dumps(record, indent=1).encode())
         return conf
+
+    def refresh_broker(self) -> Path | None:
+        """Rewrite the password file (or the CRL) and the ACL in the broker directory that
+        :meth:`write_config` wrote last, so the broker knows the devices issued or revoked
+        since; return that directory (None: none written, or it is gone). The broker reads
+        them again on SIGHUP."""
+        record_path = self.mqtt_dir / "broker.json"
+        if not record_path.is_file():
+            return None
+        record = json.loads(record_path.read_text())
+        out = Path(record["dir"])
+        if not (out / "mosquitto.conf").is_file():
+            return None
+        written = self._write_access(out, tls=record["tls"], topics=Topics(record["topic_prefix"]))
+        if record["owner"]:
+            account = pwd.getpwnam(record["owner"])
+            for path in written:
+                os.chown(path, account.pw_uid, account.pw_gid)
+        return out
+
+    def _devices(self) -> set[str]:
+        """Every device issued a password or a certificate, and not revoked."""
+        names = set(self.passwords.entries)
+        if (self.state_dir / "pki").is_dir():
+            names |= self.ca.holders() - {BROKER_CERT_NAME}
+        return {n for n in names - RESERVED_USERS if valid_device_id(n)}
+
+    def _write_access(self, out: Path, *, tls: bool, topics: Topics) -> list[Path]:
+        """The files that change with the devices: the ACL, and the password file or the CRL."""
+        write_atomically(out / "acl", render_acl(topics, devices=self._devices()).encode())
+        if tls:
+            write_atomically(out / "crl.pem", self.ca.crl_pem())
+            return [out / "acl", out / "crl.pem"]
+        self.passwords.save(out / "passwd")
+        return [out / "acl", out / "passwd"]
 
 
 def _check_device_id(device_id: str) -> None:

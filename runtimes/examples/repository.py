@@ -59,7 +59,7 @@ def write_example_repository(
     root.mkdir(parents=True, exist_ok=True)
     for name in models:
         if (root / name).exists() and not overwrite:
-            raise FileExistsError(f"{root / name} exists; pass overwrite=True to replace it")
+            raise FileExistsError(f"{root / name} exists; replace it with --force (overwrite=True)")
 
     mlp_x, cnn_x = _golden_inputs()
     mlp = mlp_layers()
