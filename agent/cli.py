@@ -4,12 +4,13 @@ example models and their self-test, and the agent itself."""
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import click
 
 from agent.plans import plan_repository
-from common.cli import subgroup
+from common.cli import settings_failure, subgroup
 from runtimes.errors import RuntimeFailure
 from runtimes.hardware.context import HardwareContext
 
@@ -126,7 +127,11 @@ def register_models(group: click.Group) -> None:
             write_example_repository(
                 directory, models=only or EXAMPLE_MODELS, overwrite=force, log=click.echo
             )
-        except (FileExistsError, ValueError) as exc:
+        except FileExistsError as exc:
+            raise click.ClickException(str(exc)) from exc
+        except OSError as exc:  # not writable, or below a file
+            raise click.ClickException(f"{exc.filename}: {exc.strerror}") from exc
+        except ValueError as exc:  # an unknown --only
             raise click.ClickException(str(exc)) from exc
 
     @models.command("selftest")
@@ -179,7 +184,7 @@ def register_agent(group: click.Group) -> None:
         from pydantic import ValidationError
 
         from agent.main import run
-        from agent.settings import load_settings
+        from agent.settings import SettingsError, load_settings
 
         try:
             settings = load_settings(
@@ -191,10 +196,12 @@ def register_agent(group: click.Group) -> None:
                 profile=profile,
                 log_level=log_level,
             )
-        except (ValidationError, FileNotFoundError) as exc:
-            raise click.ClickException(f"invalid settings: {exc}") from exc
+        except (ValidationError, FileNotFoundError, tomllib.TOMLDecodeError) as exc:
+            raise settings_failure(exc, config_file) from exc
         try:
             run(settings)
+        except SettingsError as exc:
+            raise click.ClickException(str(exc)) from exc
         except RuntimeFailure as exc:
             raise click.ClickException(str(exc)) from exc
         except OSError as exc:

@@ -1,17 +1,26 @@
-"""``edgefleet control-plane`` (the service) and the operator commands, which speak to its API
-(``EDGEFLEET_URL``, default http://127.0.0.1:8080; ``EDGEFLEET_TOKEN``)."""
+"""``edgefleet control-plane`` (the service) and the operator commands, which speak to its API.
+
+An operator command finds the control plane as the server finds itself. Its URL is the first of:
+``--url``; the host and port of the control plane's own settings when ``--cp-config FILE`` names
+them (``EDGEFLEET_CP_HOST``/``EDGEFLEET_CP_PORT`` over the file, as the server reads them);
+``EDGEFLEET_URL``; those settings from ``EDGEFLEET_CP_*`` and the defaults
+(http://127.0.0.1:8080). Its token is the first of ``--token``, ``--token-file``,
+``EDGEFLEET_TOKEN``, ``EDGEFLEET_TOKEN_FILE``. docs/control-plane.md says the same.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
+from common.cli import OneLineChoice, one_line, settings_failure
 from control_plane.provisioning.cli import register_fleet
 from control_plane.rollouts.states import DEVICE_FINISHED, FINISHED, RolloutState
 
@@ -25,35 +34,197 @@ def _group(root: click.Group, name: str, help_text: str) -> click.Group:
     return group
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+_SEEN = "edgefleet.api."  # ctx.meta keys of the connection options
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    ctx.meta[_SEEN + str(param.name)] = value
+    return value
+
+
+def connected(command: F) -> F:
+    """The options that say where the control plane is and who asks (read by
+    :meth:`Api.connect`), on an operator command."""
+    seen: dict[str, Any] = {"expose_value": False, "callback": _remember}
+    file = click.Path(exists=True, dir_okay=False, path_type=Path)
+    options = (
+        click.option(
+            "--url",
+            envvar="EDGEFLEET_URL",
+            help="The control plane's URL (or EDGEFLEET_URL; default: from its settings).",
+            **seen,
+        ),
+        click.option(
+            "--cp-config",
+            type=file,
+            help="The control plane's TOML settings: its host and port give the URL.",
+            **seen,
+        ),
+        click.option(
+            "--token", envvar="EDGEFLEET_TOKEN", help="API token (or EDGEFLEET_TOKEN).", **seen
+        ),
+        click.option(
+            "--token-file",
+            envvar="EDGEFLEET_TOKEN_FILE",
+            type=file,
+            help="File holding the API token (or EDGEFLEET_TOKEN_FILE).",
+            **seen,
+        ),
+    )
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _settings_url(config_file: Path | None) -> str:
+    """Where the control plane of these settings listens, for a client on this machine."""
+    from pydantic import ValidationError
+
+    from control_plane.settings import load_settings
+
+    try:
+        settings = load_settings(config_file)
+    except (ValidationError, FileNotFoundError, tomllib.TOMLDecodeError) as exc:
+        raise settings_failure(exc, config_file) from exc
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host, settings.host)
+    return f"http://{f'[{host}]' if ':' in host else host}:{settings.port}"
+
+
 class Api:
-    def __init__(self) -> None:
-        self.url = os.environ.get("EDGEFLEET_URL", "http://127.0.0.1:8080").rstrip("/")
-        token = os.environ.get("EDGEFLEET_TOKEN", "")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+    """The control plane's REST API for one operator command. Errors are one line each: the
+    control plane's own message for a 4xx or 5xx, what failed when it cannot be reached."""
+
+    def __init__(self, url: str, token: str | None, url_from: str, token_from: str) -> None:
         import httpx  # here, not at start-up: every edgefleet command loads this module
 
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=600)
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL as exc:
+            raise click.UsageError(f"{url_from}: not a URL: {url!r} ({exc})") from exc
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise click.UsageError(f"{url_from}: expected http://HOST:PORT, got {url!r}")
+        if token is not None and not (token.isascii() and token.isprintable() and " " not in token):
+            raise click.UsageError(f"{token_from}: not an API token (efp_...)")
+        self.url, self.url_from, self.token_from = url.rstrip("/"), url_from, token_from
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # a dead host is known in seconds; an upload or a validation may take minutes
+        timeout = httpx.Timeout(600, connect=10)
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    @classmethod
+    def connect(cls) -> Api:
+        """The API as the current command's connection options (:func:`connected`) find it."""
+        ctx = click.get_current_context()
+
+        def given(name: str) -> Any:
+            return ctx.meta.get(_SEEN + name)
+
+        def on_command_line(name: str) -> bool:
+            return ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
+
+        config_file: Path | None = given("cp_config")
+        if given("url") and on_command_line("url"):
+            url, url_from = given("url"), "--url"
+        elif config_file is not None or not given("url"):
+            url = _settings_url(config_file)
+            url_from = (
+                f"--cp-config {config_file}"
+                if config_file
+                else "EDGEFLEET_CP_HOST/EDGEFLEET_CP_PORT or their defaults (no --url, "
+                "--cp-config or EDGEFLEET_URL)"
+            )
+        else:
+            url, url_from = given("url"), "EDGEFLEET_URL"
+        # flags before the environment; a token before a token file
+        names = sorted(
+            (n for n in ("token", "token_file") if given(n)), key=lambda n: not on_command_line(n)
+        )
+        token, token_from = None, ""
+        if names and names[0] == "token":
+            token = given("token")
+            token_from = "--token" if on_command_line("token") else "EDGEFLEET_TOKEN"
+        elif names:
+            path: Path = given("token_file")
+            flag = "--token-file" if on_command_line("token_file") else "EDGEFLEET_TOKEN_FILE"
+            token_from = f"{flag} {path}"
+            try:
+                token = path.read_text().strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise click.ClickException(f"{token_from}: cannot read it: {exc}") from exc
+            if not token:
+                raise click.ClickException(f"{token_from}: the file is empty")
+        api = cls(url, token, url_from, token_from)
+        ctx.call_on_close(api.http.close)
+        return api
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         import httpx
 
         try:
             resp = self.http.request(method, path, **kwargs)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise click.ClickException(
+                f"cannot reach the control plane at {self.url} ({type(exc).__name__}: "
+                f"{one_line(str(exc))}); the URL came from {self.url_from}"
+            ) from exc
         except httpx.HTTPError as exc:
             raise click.ClickException(
-                f"cannot reach the control plane at {self.url}: {exc}"
+                f"{method} {path} at {self.url} failed ({type(exc).__name__}: "
+                f"{one_line(str(exc)) or 'no detail'})"
             ) from exc
         if resp.status_code >= 400:
-            try:
-                message = resp.json().get("error", resp.text)
-            except ValueError:
-                message = resp.text
-            raise click.ClickException(f"{resp.status_code}: {message}")
-        return resp.json() if resp.content else None
+            raise click.ClickException(self._refusal(resp))
+        if not resp.content:
+            return None
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise click.ClickException(
+                f"{method} {path}: {self.url} answered {resp.status_code} with something that "
+                "is not JSON: is it the control plane?"
+            ) from exc
+
+    def _refusal(self, resp: Any) -> str:
+        """A 4xx or 5xx as one line: status, code and the control plane's message."""
+        try:
+            body = resp.json()
+            message, code = str(body["error"]), str(body.get("code", ""))
+        except (ValueError, KeyError, TypeError, AttributeError):  # not the control plane's
+            message, code = (resp.text.strip().splitlines() or [resp.reason_phrase])[0][:200], ""
+        line = f"{resp.status_code}{f' {code}' if code else ''}: {one_line(message)}"
+        if resp.status_code == 401:
+            line += (
+                f" (token from {self.token_from})"
+                if self.token_from
+                else " (no token given: --token, --token-file, EDGEFLEET_TOKEN or "
+                "EDGEFLEET_TOKEN_FILE)"
+            )
+        return line
 
 
 def _print(doc: Any, as_json: bool) -> None:
     click.echo(json.dumps(doc, indent=2) if as_json else doc)
+
+
+def _pairs(values: tuple[str, ...], param: str, expected: str) -> dict[str, str]:
+    """``key=value`` arguments as a dict (the value may be empty)."""
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected {expected}, got {item!r}", param_hint=param)
+        out[key] = value
+    return out
+
+
+def _toml(path: Path, param: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"{path}: {exc}", param_hint=param) from exc
+    except OSError as exc:
+        raise click.BadParameter(f"{path}: {exc.strerror or exc}", param_hint=param) from exc
 
 
 def register_control_plane(root: click.Group) -> None:
@@ -64,6 +235,12 @@ def register_control_plane(root: click.Group) -> None:
         help="SQLAlchemy URL (sqlite+aiosqlite:///... or postgresql+psycopg://...).",
     )
     @click.option("--mqtt", "mqtt_url", help="Broker URL, mqtt://host:port or mqtts://.")
+    @click.option("--mqtt-username", help="The control plane's broker user.")
+    @click.option(
+        "--mqtt-password-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="File holding the broker password (read at start-up, trailing newline dropped).",
+    )
     @click.option("--host")
     @click.option("--port", type=int)
     @click.option(
@@ -79,30 +256,53 @@ def register_control_plane(root: click.Group) -> None:
             ctx.obj = (config_file, flags)
             return
         from pydantic import ValidationError
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
 
         from control_plane.main import run
         from control_plane.settings import load_settings
 
         try:
             settings = load_settings(config_file, **flags)
-        except (ValidationError, FileNotFoundError) as exc:
-            raise click.ClickException(f"invalid settings: {exc}") from exc
+        except (ValidationError, FileNotFoundError, tomllib.TOMLDecodeError) as exc:
+            raise settings_failure(exc, config_file) from exc
+        try:
+            make_url(settings.db_url)
+        except ArgumentError as exc:
+            raise click.ClickException(f"invalid settings: db_url: {exc}") from exc
         run(settings)
 
     @control_plane.command("token")
     @click.option("--name", required=True)
-    @click.option("--role", type=click.Choice(["viewer", "operator", "admin"]), required=True)
+    @click.option("--role", type=OneLineChoice(["viewer", "operator", "admin"]), required=True)
+    @click.option("--create", is_flag=True, help="Make the database if there is none yet.")
+    @click.option("--json", "as_json", is_flag=True, help="Print {name, role, token}.")
     @click.pass_obj
-    def token(obj: tuple[Path | None, dict[str, Any]], name: str, role: str) -> None:
-        """Create an API token directly in the database (printed once)."""
+    def token(
+        obj: tuple[Path | None, dict[str, Any]], name: str, role: str, create: bool, as_json: bool
+    ) -> None:
+        """Create an API token directly in the control plane's database (printed once). The
+        database is found as the server finds it (--config, --db before `token`,
+        EDGEFLEET_CP_DB_URL); one that does not exist is an error unless --create."""
         import asyncio
 
+        from pydantic import ValidationError
+        from sqlalchemy.exc import ArgumentError, DBAPIError
+
         from control_plane.api.auth import Role, create_token
-        from control_plane.db.session import make_engine, migrate, session_factory
+        from control_plane.db.session import (
+            database_exists,
+            describe,
+            make_engine,
+            migrate,
+            session_factory,
+        )
         from control_plane.settings import load_settings
 
-        settings = load_settings(obj[0], **obj[1])
-        migrate(settings.db_url)
+        try:
+            settings = load_settings(obj[0], **obj[1])
+        except (ValidationError, FileNotFoundError, tomllib.TOMLDecodeError) as exc:
+            raise settings_failure(exc, obj[0]) from exc
 
         async def make() -> str:
             engine = make_engine(settings.db_url)
@@ -112,7 +312,26 @@ def register_control_plane(root: click.Group) -> None:
             finally:
                 await engine.dispose()
 
-        click.echo(asyncio.run(make()))
+        try:
+            # A token written to a database the running control plane does not use is one it
+            # rejects: a relative SQLite path, run from another directory, is a new file.
+            if not database_exists(settings.db_url) and not create:
+                raise click.ClickException(
+                    f"no control plane database in {describe(settings.db_url)}: name the one "
+                    "the control plane uses as it does (edgefleet control-plane --config FILE "
+                    "token ..., --db URL, or EDGEFLEET_CP_DB_URL), run this where it runs, or "
+                    "pass --create to make a new one"
+                )
+            migrate(settings.db_url)
+            made = asyncio.run(make())
+        except ArgumentError as exc:
+            raise click.ClickException(f"invalid settings: db_url: {exc}") from exc
+        except (DBAPIError, OSError) as exc:
+            detail = one_line(str(getattr(exc, "orig", None) or exc))
+            raise click.ClickException(
+                f"database {describe(settings.db_url)}: {type(exc).__name__}: {detail}"
+            ) from exc
+        _print({"name": name, "role": role, "token": made} if as_json else made, as_json)
 
     del control_plane, token
     register_fleet(root)  # local to the control plane's state directory, like `token`
@@ -123,6 +342,9 @@ def register_operator_commands(root: click.Group) -> None:
     rollouts = _group(root, "rollouts", "Staged rollouts.")
     devices = _group(root, "devices", "The device inventory.")
     keys = _group(root, "keys", "Signing keys and the trust root.")
+    as_json_option = click.option(
+        "--json", "as_json", is_flag=True, help="Print the control plane's JSON document."
+    )
 
     @models.command("push")
     @click.argument("name")
@@ -134,51 +356,80 @@ def register_operator_commands(root: click.Group) -> None:
         type=click.Path(exists=True, dir_okay=False, path_type=Path),
         help="TOML: serving config keys, and a [health] table for the device health window.",
     )
-    def push(name: str, version: int, variants: tuple[str, ...], config_file: Path | None) -> None:
+    @click.option(
+        "--json", "as_json", is_flag=True, help="Print the version's document (progress: stderr)."
+    )
+    @connected
+    def push(
+        name: str,
+        version: int,
+        variants: tuple[str, ...],
+        config_file: Path | None,
+        as_json: bool,
+    ) -> None:
         """Upload VERSION of NAME. Each VARIANT is a directory with the model file(s), optionally
         DIR@profile1,profile2 to reserve it for hardware profiles. golden.npz and validation.npz
         are taken from the first directory that has them."""
+        from runtimes.errors import ModelFileError
         from runtimes.formats import find_model_file
 
-        api = Api()
-        config: dict[str, Any] = tomllib.loads(config_file.read_text()) if config_file else {}
+        config = _toml(config_file, "--config") if config_file else {}
         health = config.pop("health", {})
+        if not isinstance(health, dict):
+            message = f"{config_file}: [health] is not a table"
+            raise click.BadParameter(message, param_hint="--config")
         specs, dirs = [], []
-        for item in variants:
+        for item in variants:  # every directory checked before the version exists
             path, _, profiles = item.partition("@")
             directory = Path(path)
-            model_file, fmt = find_model_file(directory)
+            try:
+                model_file, fmt = find_model_file(directory)
+            except (ModelFileError, OSError) as exc:
+                raise click.BadParameter(str(exc), param_hint="VARIANTS") from exc
             files = [model_file] + (
                 [model_file.with_suffix(".bin")] if fmt.value == "openvino_ir" else []
             )
             specs.append({"format": fmt.value, "profiles": [p for p in profiles.split(",") if p]})
             dirs.append((directory, files))
+        api = Api.connect()
         api.call(
             "POST",
             f"/api/v1/models/{name}/versions",
             json={"version": version, "variants": specs, "config": config, "health": health},
         )
-        for index, (_, files) in enumerate(dirs):
-            for f in files:
-                with f.open("rb") as fh:
-                    done = api.call(
-                        "PUT",
-                        f"/api/v1/models/{name}/versions/{version}/variants/{index}/files/{f.name}",
-                        content=fh,
+        try:
+            for index, (_, files) in enumerate(dirs):
+                for f in files:
+                    with f.open("rb") as fh:
+                        done = api.call(
+                            "PUT",
+                            f"/api/v1/models/{name}/versions/{version}/variants/{index}/files/"
+                            f"{f.name}",
+                            content=fh,
+                        )
+                    click.echo(
+                        f"uploaded {f} ({done['size']} bytes, sha256 {done['sha256'][:12]})",
+                        err=as_json,
                     )
-                click.echo(f"uploaded {f} ({done['size']} bytes, sha256 {done['sha256'][:12]})")
-        for sample, route in (("golden.npz", "golden"), ("validation.npz", "validation-data")):
-            found = next((d / sample for d, _ in dirs if (d / sample).is_file()), None)
-            if found:
-                with found.open("rb") as fh:
-                    api.call("PUT", f"/api/v1/models/{name}/versions/{version}/{route}", content=fh)
-                click.echo(f"uploaded {found}")
+            for sample, route in (("golden.npz", "golden"), ("validation.npz", "validation-data")):
+                found = next((d / sample for d, _ in dirs if (d / sample).is_file()), None)
+                if found:
+                    with found.open("rb") as fh:
+                        api.call(
+                            "PUT", f"/api/v1/models/{name}/versions/{version}/{route}", content=fh
+                        )
+                    click.echo(f"uploaded {found}", err=as_json)
+        except OSError as exc:  # a file that went away, or cannot be read, since the check
+            raise click.ClickException(f"cannot read {exc.filename}: {exc.strerror}") from exc
+        if as_json:
+            _print(api.call("GET", f"/api/v1/models/{name}/versions/{version}"), True)
 
     @models.command("list")
-    @click.option("--json", "as_json", is_flag=True)
+    @as_json_option
+    @connected
     def list_models(as_json: bool) -> None:
         """Models in the registry with their versions and stages."""
-        doc = Api().call("GET", "/api/v1/models")
+        doc = Api.connect().call("GET", "/api/v1/models")
         if as_json:
             _print(doc, True)
             return
@@ -193,25 +444,36 @@ def register_operator_commands(root: click.Group) -> None:
     @models.command("validate")
     @click.argument("name")
     @click.argument("version", type=int)
-    def validate(name: str, version: int) -> None:
-        """Validate a version: loads on its runtimes, agreement, golden, accuracy."""
-        report = Api().call("POST", f"/api/v1/models/{name}/versions/{version}/validate")
-        for c in report["checks"]:
-            click.echo(
-                f"{'PASS' if c['passed'] else 'FAIL'}  {c['check']}"
-                + (f"  ({c['detail']})" if c["detail"] else "")
-            )
-        click.echo("passed" if report["passed"] else "FAILED")
+    @as_json_option
+    @connected
+    def validate(name: str, version: int, as_json: bool) -> None:
+        """Validate a version: loads on its runtimes, agreement, golden, accuracy. Exit code 1
+        when it fails."""
+        report = Api.connect().call("POST", f"/api/v1/models/{name}/versions/{version}/validate")
+        if as_json:
+            _print(report, True)
+        else:
+            for c in report["checks"]:
+                click.echo(
+                    f"{'PASS' if c['passed'] else 'FAIL'}  {c['check']}"
+                    + (f"  ({c['detail']})" if c["detail"] else "")
+                )
+            click.echo("passed" if report["passed"] else "FAILED")
         if not report["passed"]:
-            raise SystemExit(1)
+            raise click.ClickException(f"{name} v{version} failed validation")
 
     @models.command("stage")
     @click.argument("name")
     @click.argument("version", type=int)
-    @click.argument("stage", type=click.Choice(["candidate", "production", "retired"]))
-    def stage(name: str, version: int, stage: str) -> None:
+    @click.argument("stage", type=OneLineChoice(["candidate", "production", "retired"]))
+    @as_json_option
+    @connected
+    def stage(name: str, version: int, stage: str, as_json: bool) -> None:
         """Label a version candidate, production or retired."""
-        Api().call("POST", f"/api/v1/models/{name}/versions/{version}/stage", json={"stage": stage})
+        doc = Api.connect().call(
+            "POST", f"/api/v1/models/{name}/versions/{version}/stage", json={"stage": stage}
+        )
+        _print(doc if as_json else f"{doc['model']} v{doc['version']}: {doc['stage']}", as_json)
 
     @rollouts.command("create")
     @click.option("--model", required=True)
@@ -227,6 +489,10 @@ def register_operator_commands(root: click.Group) -> None:
     @click.option("--max-p99-ratio", type=float, default=2.0, show_default=True)
     @click.option("--min-requests", type=int, default=20, show_default=True)
     @click.option("--max-rejections", type=int, default=0, show_default=True)
+    @click.option(
+        "--json", "as_json", is_flag=True, help="Print the created rollout's document (its id)."
+    )
+    @connected
     def create(
         model: str,
         version: int,
@@ -239,12 +505,13 @@ def register_operator_commands(root: click.Group) -> None:
         max_p99_ratio: float,
         min_requests: int,
         max_rejections: int,
+        as_json: bool,
     ) -> None:
         """Start a staged rollout."""
         spec = {
             "model": model,
             "version": version,
-            "selector": dict(s.split("=", 1) for s in selector),
+            "selector": _pairs(selector, "--selector", "label=value"),
             "profiles": list(profiles),
             "waves": waves.split(","),
             "bake_time_s": bake_time,
@@ -256,22 +523,49 @@ def register_operator_commands(root: click.Group) -> None:
                 "max_rejections": max_rejections,
             },
         }
-        doc = Api().call("POST", "/api/v1/rollouts", json=spec)
+        doc = Api.connect().call("POST", "/api/v1/rollouts", json=spec)
+        if as_json:
+            _print(doc, True)
+            return
         click.echo(
             f"rollout {doc['id']}: {doc['state']}, "
             f"{sum(w['devices'] for w in doc['waves'])} devices "
             f"in {len(doc['waves'])} waves"
         )
 
+    @rollouts.command("list")
+    @click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
+    @click.option(
+        "--before",
+        type=click.IntRange(1, 2**31 - 1),
+        help="Only rollouts older than this id (the last one of the previous page).",
+    )
+    @as_json_option
+    @connected
+    def list_rollouts(limit: int, before: int | None, as_json: bool) -> None:
+        """Rollouts, newest first."""
+        params = {"limit": limit, **({"before": before} if before else {})}
+        doc = Api.connect().call("GET", "/api/v1/rollouts", params=params)
+        if as_json:
+            _print(doc, True)
+            return
+        for r in doc:
+            click.echo(
+                f"rollout {r['id']}: {r['model']} v{r['version']} {r['state']}"
+                + (f" ({r['reason']})" if r["reason"] else "")
+                + f", {sum(w['devices'] for w in r['waves'])} devices, created {r['created_at']}"
+            )
+
     @rollouts.command("status")
     @click.argument("rollout_id", type=int)
     @click.option(
         "--watch", is_flag=True, help="Live progress bars per wave until the rollout ends."
     )
-    @click.option("--json", "as_json", is_flag=True)
+    @as_json_option
+    @connected
     def status(rollout_id: int, watch: bool, as_json: bool) -> None:
         """Progress of a rollout, per wave."""
-        api = Api()
+        api = Api.connect()
         doc = api.call("GET", f"/api/v1/rollouts/{rollout_id}")
         if as_json:
             _print(doc, True)
@@ -317,9 +611,11 @@ def register_operator_commands(root: click.Group) -> None:
                 + (" and roll back every device it touched." if action == "abort" else "."),
             )
             @click.argument("rollout_id", type=int)
-            def act(rollout_id: int) -> None:
-                doc = Api().call("POST", f"/api/v1/rollouts/{rollout_id}/{action}")
-                click.echo(f"rollout {rollout_id}: {doc['state']}")
+            @as_json_option
+            @connected
+            def act(rollout_id: int, as_json: bool) -> None:
+                doc = Api.connect().call("POST", f"/api/v1/rollouts/{rollout_id}/{action}")
+                _print(doc if as_json else f"rollout {rollout_id}: {doc['state']}", as_json)
 
         make()
 
@@ -332,7 +628,8 @@ def register_operator_commands(root: click.Group) -> None:
         help="online: its last status says so and it was heard from lately",
     )
     @click.option("--silent", is_flag=True, help="only devices online by status but silent")
-    @click.option("--json", "as_json", is_flag=True)
+    @as_json_option
+    @connected
     def list_devices(
         label: tuple[str, ...],
         profile: str | None,
@@ -342,6 +639,7 @@ def register_operator_commands(root: click.Group) -> None:
     ) -> None:
         """Devices, filtered by labels, profile and presence (online, offline, or silent: online
         by its last status, but nothing heard from it for longer than its limit)."""
+        _pairs(label, "--label", "key=value")
         params: dict[str, Any] = {"label": list(label)}
         if profile:
             params["profile"] = profile
@@ -349,7 +647,7 @@ def register_operator_commands(root: click.Group) -> None:
             params["online"] = str(online).lower()
         if silent:
             params["presence"] = "silent"
-        doc = Api().call("GET", "/api/v1/devices", params=params)
+        doc = Api.connect().call("GET", "/api/v1/devices", params=params)
         if as_json:
             _print(doc, True)
             return
@@ -365,15 +663,27 @@ def register_operator_commands(root: click.Group) -> None:
     @devices.command("label")
     @click.argument("device_id")
     @click.argument("labels", nargs=-1, required=True)
-    def label(device_id: str, labels: tuple[str, ...]) -> None:
+    @click.option("--json", "as_json", is_flag=True, help="Print the device's document.")
+    @connected
+    def label(device_id: str, labels: tuple[str, ...], as_json: bool) -> None:
         """Set operator labels (key=value), or remove one (key=)."""
-        changes = {k: (v or None) for k, _, v in (x.partition("=") for x in labels)}
-        Api().call("PATCH", f"/api/v1/devices/{device_id}/labels", json={"labels": changes})
+        pairs = _pairs(labels, "LABELS", "key=value, or key= to remove it")
+        changes = {k: (v or None) for k, v in pairs.items()}
+        doc = Api.connect().call(
+            "PATCH", f"/api/v1/devices/{device_id}/labels", json={"labels": changes}
+        )
+        own = ",".join(f"{k}={v}" for k, v in sorted(doc["operator_labels"].items()))
+        _print(doc if as_json else f"{doc['id']}: operator labels {own or 'none'}", as_json)
 
     @keys.command("rotate")
-    def rotate() -> None:
+    @as_json_option
+    @connected
+    def rotate(as_json: bool) -> None:
         """New manifest key, announced to devices beside the old one and used from now on."""
-        doc = Api().call("POST", "/api/v1/keys/rotate")
+        doc = Api.connect().call("POST", "/api/v1/keys/rotate")
+        if as_json:
+            _print(doc, True)
+            return
         click.echo(
             f"signing with {doc['signing_key']}; "
             "revoke the old key once the fleet has trust root N+1"
@@ -381,12 +691,18 @@ def register_operator_commands(root: click.Group) -> None:
 
     @keys.command("revoke")
     @click.argument("key_id")
-    def revoke(key_id: str) -> None:
+    @as_json_option
+    @connected
+    def revoke(key_id: str, as_json: bool) -> None:
         """Revoke a manifest key."""
-        doc = Api().call("POST", f"/api/v1/keys/{key_id}/revoke")
+        doc = Api.connect().call("POST", f"/api/v1/keys/{key_id}/revoke")
+        if as_json:
+            _print(doc, True)
+            return
         click.echo(f"trust root {doc['version']}: revoked {', '.join(doc['revoked'])}")
 
-    del push, list_models, validate, stage, create, status, list_devices, label, rotate, revoke
+    del push, list_models, validate, stage, create, list_rollouts, status, list_devices, label
+    del rotate, revoke
 
 
 def _show(doc: dict[str, Any]) -> None:

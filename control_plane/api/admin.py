@@ -15,6 +15,7 @@ from control_plane.api.auth import Principal, Role, create_token
 from control_plane.api.body import json_body, json_request
 from control_plane.api.deps import ADMIN, SESSION, VIEWER, json_response
 from control_plane.db.models import NAME_LENGTH, AuditEntry
+from control_plane.db.session import stored_utc
 
 router = APIRouter(prefix="/api/v1", tags=["Administration"])
 
@@ -85,7 +86,7 @@ async def audit_log(
     return json_response(
         [
             {
-                "time": r.time.isoformat(),
+                "time": stored_utc(r.time).isoformat(),
                 "actor": r.actor,
                 "action": r.action,
                 "target": r.target,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, create_engine, event
+from sqlalchemy import Connection, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import (
@@ -52,6 +52,36 @@ def _prepare_sqlite_dir(url: str) -> None:
     u = make_url(url)
     if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
         Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+
+
+def database_exists(url: str) -> bool:
+    """Whether ``url`` names a control plane database: one with the migrations' version table
+    (for SQLite, in a file that exists: looking does not create it).
+
+    Raises:
+        sqlalchemy.exc.ArgumentError: ``url`` is not a database URL (or names no driver here).
+        sqlalchemy.exc.DBAPIError: the database server cannot be reached.
+    """
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite" and not (
+        u.database and u.database != ":memory:" and Path(u.database).is_file()
+    ):
+        return False
+    engine = create_engine(sync_url(url))
+    try:
+        with engine.connect() as conn:
+            return inspect(conn).has_table("alembic_version")
+    finally:
+        engine.dispose()
+
+
+def describe(url: str) -> str:
+    """The database ``url`` names, for an operator: an SQLite file's absolute path, else the
+    URL without its password."""
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
+        return f"the SQLite file {Path(u.database).absolute()}"
+    return u.render_as_string(hide_password=True)
 
 
 def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:

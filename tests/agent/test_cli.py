@@ -101,3 +101,25 @@ def test_will_delay_without_mqtt_5_is_a_startup_error(tmp_path: Path) -> None:
     result = edgefleet("agent", "--config", str(config), check=False)
     assert result.returncode != 0
     assert "will_delay_s needs mqtt_protocol 5" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("config_text", "flags", "says"),
+    [
+        ("port = \n", (), "Error: invalid settings: {config}: Invalid value (at line 1"),
+        (None, (), "Error: invalid settings: settings file {config} does not exist"),
+        ("", ("--port", "70000"), "Error: invalid settings: port: Input should be less than"),
+        ('[fleet]\nmqtt_url = "mqtt://127.0.0.1:1"\nbogus = 1\n', (), "fleet.bogus: Extra"),
+    ],
+)
+def test_bad_settings_are_one_error_line(
+    tmp_path: Path, config_text: str | None, flags: tuple[str, ...], says: str
+) -> None:
+    """The agent's settings file or flags, wrong: one ``Error:`` line naming the file or the
+    field, exit code 1, before anything is served."""
+    config = tmp_path / "agent.toml"
+    if config_text is not None:
+        config.write_text(config_text)
+    result = edgefleet("agent", "--config", str(config), *flags, check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert says.format(config=config) in result.stderr.strip().splitlines()[-1], result.stderr
