@@ -7,12 +7,14 @@ A real control plane (SQLite and PostgreSQL) and the example model files."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
 
 from runtimes.examples.variants import mlp_version
 from tests.control_plane.conftest import ControlPlaneFactory
+from tests.control_plane.test_operations import edgefleet
 from tests.control_plane.test_rollouts import DEVICE_HEALTH, push, validate
 
 SPEC = {"version": 2, "variants": [{"format": "onnx"}], "health": DEVICE_HEALTH}
@@ -80,3 +82,20 @@ def test_an_archived_version_is_hidden_and_cannot_be_rolled_out(
         assert cp.admin.post(stage.format(2), json={"stage": "production"}).status_code == 200
         kept = cp.admin.post(stage.format(2), json={"stage": "archived"})
         assert kept.status_code == 409 and "production" in kept.text
+
+
+def test_the_cli_archives_lists_and_discards(
+    start_control_plane: ControlPlaneFactory, tmp_path: Path
+) -> None:
+    with start_control_plane() as cp:
+        token = cp.token("operator")
+        push(cp.admin, "mlp", 2, [(mlp_version(tmp_path / "v2", seed=2), [])])
+        assert cp.admin.post("/api/v1/models/mlp/versions", json={**SPEC, "version": 3}).is_success
+        assert edgefleet(cp, token, "models", "stage", "mlp", "2", "archived").returncode == 0
+        shown = json.loads(edgefleet(cp, token, "models", "list", "--json").stdout)
+        assert [v["version"] for v in shown[0]["versions"]] == [3]
+        everything = edgefleet(cp, token, "models", "list", "--archived").stdout
+        assert "v2 archived" in everything and "v3 candidate" in everything
+        assert "discarded" in edgefleet(cp, token, "models", "discard", "mlp", "3").stdout
+        kept = edgefleet(cp, token, "models", "discard", "mlp", "2")
+        assert kept.returncode == 1 and kept.stderr.startswith("Error: 409"), kept.stderr
