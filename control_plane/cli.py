@@ -15,7 +15,8 @@ import click
 from common.cli import OneLineChoice, one_line, settings_failure, subgroup
 from control_plane.api_client import Api, connected
 from control_plane.provisioning.cli import register_fleet
-from control_plane.rollouts.states import DEVICE_FINISHED, FINISHED, RolloutState
+from control_plane.rollouts.states import FINISHED
+from control_plane.status_view import status_lines
 
 
 def _print(doc: Any, as_json: bool) -> None:
@@ -387,13 +388,12 @@ def register_operator_commands(root: click.Group) -> None:
 
     @rollouts.command("status")
     @click.argument("rollout_id", type=int)
-    @click.option(
-        "--watch", is_flag=True, help="Live progress bars per wave until the rollout ends."
-    )
+    @click.option("--watch", is_flag=True, help="Follow it, redrawn every second, until it ends.")
     @as_json_option
     @connected
     def status(rollout_id: int, watch: bool, as_json: bool) -> None:
-        """Progress of a rollout, per wave."""
+        """Progress of a rollout: per wave, each device's phase, the bake's countdown and the
+        gates' verdict."""
         api = Api.connect()
         doc = api.call("GET", f"/api/v1/rollouts/{rollout_id}")
         if as_json:
@@ -402,30 +402,14 @@ def register_operator_commands(root: click.Group) -> None:
         if not watch:
             _show(doc)
             return
-        from rich.progress import BarColumn, Progress, TextColumn
+        from rich.live import Live
+        from rich.text import Text
 
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.fields[states]}"),
-        ) as progress:
-            tasks = [
-                progress.add_task(f"wave {w['wave']} ({w['size']})", total=w["devices"], states="")
-                for w in doc["waves"]
-            ]
-            while True:
-                for task, w in zip(tasks, doc["waves"], strict=True):
-                    done = sum(n for s, n in w["states"].items() if s in DEVICE_FINISHED)
-                    progress.update(
-                        task,
-                        completed=done,
-                        states=" ".join(f"{s}={n}" for s, n in sorted(w["states"].items())),
-                    )
-                if doc["state"] in FINISHED:
-                    break
+        with Live(Text("\n".join(status_lines(doc))), auto_refresh=False) as live:
+            while doc["state"] not in FINISHED:
                 time.sleep(1)
                 doc = api.call("GET", f"/api/v1/rollouts/{rollout_id}")
+                live.update(Text("\n".join(status_lines(doc))), refresh=True)
         click.echo(
             f"rollout {rollout_id}: {doc['state']}"
             + (f": {doc['reason']}" if doc["reason"] else "")
@@ -535,15 +519,7 @@ def register_operator_commands(root: click.Group) -> None:
 
 
 def _show(doc: dict[str, Any]) -> None:
-    click.echo(
-        f"rollout {doc['id']}: {doc['model']} v{doc['version']} {doc['state']}"
-        + (f" ({doc['reason']})" if doc["reason"] else "")
-    )
-    for w in doc["waves"]:
-        current = w["wave"] == doc["current_wave"] and doc["state"] == RolloutState.RUNNING
-        marker = ">" if current else " "
-        states = " ".join(f"{s}={n}" for s, n in sorted(w["states"].items()))
-        click.echo(f" {marker} wave {w['wave']} ({w['size']}): {w['devices']} devices  {states}")
+    click.echo("\n".join(status_lines(doc)))
 
 
 def register_demo(root: click.Group) -> None:

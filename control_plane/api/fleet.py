@@ -199,6 +199,9 @@ def rollout_doc(r: Rollout) -> dict[str, Any]:
         "state": r.state.value,
         "reason": r.reason,
         "current_wave": r.current_wave,
+        "bake_started_at": (
+            stored_utc(r.bake_started_at).isoformat() if r.bake_started_at else None
+        ),
         "waves": waves,
         "selector": r.selector,
         "profiles": r.profiles,

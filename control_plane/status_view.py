@@ -1,0 +1,76 @@
+"""A rollout's status as text for the terminal (``edgefleet rollouts status [--watch]``): its
+waves, each device's phase as the device reports it, the bake's countdown and each gate's
+verdict in words, "not judged" included."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from control_plane.rollouts.states import RolloutState
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def phase_words(device: dict[str, Any]) -> str:
+    """What a device is doing: its phase if it reported one, else its row's state."""
+    phase = device.get("phase")
+    state = device["state"]
+    if phase is None or state not in ("sent", "reverting"):
+        words = state.replace("_", " ")
+        reason = device.get("reason")
+        return f"{words} ({reason})" if reason and state not in ("committed", "pending") else words
+    what = phase["state"]
+    if what == "downloading" and phase.get("bytes_total"):
+        done, total = phase.get("bytes_done") or 0, phase["bytes_total"]
+        words = f"downloading {done / total:.0%} ({_mb(done)} of {_mb(total)})"
+    elif what == "active" and phase.get("window_s") is not None:
+        words = (
+            f"health window, {phase.get('window_left_s', 0):.0f} s of {phase['window_s']:g} left"
+        )
+    else:
+        words = what.replace("_", " ")
+    return f"{words} ({phase['reason']})" if phase.get("reason") else words
+
+
+def gate_words(doc: dict[str, Any]) -> str | None:
+    """The current wave's gate verdict, or None before the wave was judged."""
+    report = doc["gate_report"].get(str(doc["current_wave"]))
+    if not report:
+        return None
+    gates = doc["gates"]
+    if report.get("note"):
+        return f"gates not judged: {report['requests']} requests < minimum {gates['min_requests']}"
+    parts = [
+        f"error rate {report['error_rate']:.1%} (limit {gates['max_error_rate']:.1%}) "
+        f"over {report['requests']} requests"
+    ]
+    if report.get("p99_ratio") is not None:
+        parts.append(f"p99 {report['p99_ratio']:.2f}x (limit {gates['max_p99_ratio']:g}x)")
+    return "gates: " + ", ".join(parts)
+
+
+def status_lines(doc: dict[str, Any], now: datetime | None = None) -> list[str]:
+    now = now or datetime.now(UTC)
+    head = f"rollout {doc['id']}: {doc['model']} v{doc['version']} {doc['state']}"
+    lines = [head + (f" ({doc['reason']})" if doc["reason"] else "")]
+    running = doc["state"] == RolloutState.RUNNING
+    for w in doc["waves"]:
+        current = running and w["wave"] == doc["current_wave"]
+        states = " ".join(f"{s}={n}" for s, n in sorted(w["states"].items()))
+        lines.append(
+            f" {'>' if current else ' '} wave {w['wave']} ({w['size']}): "
+            f"{w['devices']} devices  {states}"
+        )
+        if current and doc.get("bake_started_at"):
+            started = datetime.fromisoformat(doc["bake_started_at"])
+            left = doc["bake_time_s"] - (now - started).total_seconds()
+            lines.append(f"     baking, {max(0.0, left):.0f} s of {doc['bake_time_s']:g} left")
+        if current and (verdict := gate_words(doc)):
+            lines.append(f"     {verdict}")
+        for d in doc.get("devices", []):
+            if d["wave"] == w["wave"] and (current or d["state"] not in ("pending", "committed")):
+                lines.append(f"       {d['device_id']}: {phase_words(d)}")
+    return lines
