@@ -12,7 +12,8 @@ import uvicorn
 
 from agent.accelerators import AcceleratorProbe
 from agent.api.app import create_app
-from agent.api.http_protocol import HttpLimits, default_body_budget_bytes, protocol_class
+from agent.api.http_limits import HttpLimits, default_body_budget_bytes
+from agent.api.http_protocol import protocol_class
 from agent.api.state import ApiState
 from agent.inference.manager import ModelManager
 from agent.inference.service import InferenceService

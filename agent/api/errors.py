@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from agent import errors as agent_errors
-from agent.api.http_protocol import REFUSED_KEY
+from agent.api.http_connection import REFUSED_KEY
 from agent.api.v2_codec import BadJsonError, NullValueError
 from agent.metrics import RefusalReason
 from common.model_config import ModelConfigError

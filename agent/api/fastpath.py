@@ -9,7 +9,7 @@ context (:func:`agent.api.context.begin`, the access log) and admission
 (:meth:`agent.api.admission.Admission.check`: API keys, rate limit) are called here in turn
 rather than as middleware layers each wrapping ``send``, errors are answered as
 :mod:`agent.api.errors` answers every route's, and the response is written by
-:func:`agent.api.http_protocol.respond` rather than as two ASGI messages. It is still
+:func:`agent.api.http_answers.respond` rather than as two ASGI messages. It is still
 documented by the FastAPI route that declares it. It skips FastAPI's outer middleware (server
 errors, its own body limit: the handler enforces ``max_request_bytes`` itself).
 """
@@ -25,13 +25,8 @@ from agent.api import v2
 from agent.api.admission import Admission
 from agent.api.context import Context, begin, finish
 from agent.api.errors import count_refusal, error_parts, log_if_failed
-from agent.api.http_protocol import (
-    CONNECTION_KEY,
-    Connection,
-    DirectApp,
-    respond,
-    respond_when_drained,
-)
+from agent.api.http_answers import respond, respond_when_drained
+from agent.api.http_connection import CONNECTION_KEY, Connection, DirectApp
 from agent.api.state import ApiState
 from agent.api.transport import decoded_body
 from agent.errors import AgentError, ShuttingDownError

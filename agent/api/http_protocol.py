@@ -31,6 +31,11 @@ uvicorn buffers headers without bound under httptools (its ``h11_max_incomplete_
 applies to h11 only), arms its keep-alive timer only after a first response, and
 ``limit_concurrency`` counts connections *and* tasks together, so one surge turns away the
 requests of connections already being served.
+
+The limits and the counts a server's connections share are in :mod:`agent.api.http_limits`,
+what the protocol hands the application through a request's scope in
+:mod:`agent.api.http_connection`, and what it writes on a connection itself in
+:mod:`agent.api.http_answers`.
 """
 
 from __future__ import annotations
@@ -38,173 +43,26 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import httptools
 import numpy as np
-import orjson
-from starlette.types import Scope
-from uvicorn.protocols.http.httptools_impl import (
-    STATUS_LINE,
-    HttpToolsProtocol,
-    RequestResponseCycle,
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from agent.api.http_answers import REFUSAL_CODES, HeadHeld, refusal_response, whole_receive
+from agent.api.http_connection import CONNECTION_KEY, CYCLE_KEY, REFUSED_KEY, Connection, DirectApp
+from agent.api.http_limits import (
+    BUFFERED_BODY_BYTES,
+    HEAD_READ_BYTES,
+    BodyBudget,
+    HttpLimits,
+    InFlight,
 )
-
 from agent.metrics import RefusalReason
-
-BUFFERED_BODY_BYTES = 64 * 1024
-"""A body collected whole from this size up is read straight into its buffer and handed over
-as it is, and its connection reads through :class:`_Reader` from then on. Smaller bodies are
-copied: for a request of a few kilobytes the copies cost less than the calls the buffered reads
-and the handler's own ``receive`` add (measured: ``mlp`` JSON at concurrency 32 served about
-8 % fewer requests with every connection buffered)."""
-HEAD_READ_BYTES = 8 * 1024
-"""What one read takes on a connection reading through :class:`_Reader`, outside a body
-collected whole: a request's head and the start of its body. A read that fills it is followed
-at once by the next, into the body's buffer. With a read buffer of 256 KiB (uvloop's size), a
-third of a 600 KB body arrived with its head and was copied from there by the parser's
-callback: 11 % of the event loop's time serving a light model of ``cnn``'s shape (py-spy,
-2026-12-04)."""
-
-
-@dataclass(frozen=True)
-class HttpLimits:
-    max_header_bytes: int
-    header_timeout_s: float
-    body_timeout_s: float
-    max_connections: int
-    max_concurrent_requests: int
-    open_paths: frozenset[bytes] = frozenset()
-    """Paths never refused for load (health probes)."""
-    whole_body_bytes: int = 0
-    """A body declaring at most this many bytes is collected whole before its handler hears of
-    it; 0 leaves every body to uvicorn's 64 KiB steps."""
-    max_inflight_body_bytes: int = 0
-    """Bytes of request bodies the server's connections may hold at once; 0: no budget."""
-
-
-def default_body_budget_bytes(memory_budget_bytes: int | None, max_request_bytes: int) -> int:
-    """``max_inflight_body_bytes`` when it is not set: a quarter of the memory budget models may
-    use, within 64 MiB and 1 GiB (256 MiB when the memory is not known), and never under one
-    body of ``max_request_bytes``."""
-    if memory_budget_bytes is None:
-        share = 256 * 2**20
-    else:
-        share = max(64 * 2**20, min(memory_budget_bytes // 4, 2**30))
-    return max(share, max_request_bytes)
-
-
-@dataclass
-class _InFlight:
-    """Requests of one server whose response is not complete yet."""
-
-    count: int = 0
-
-
-@dataclass
-class _BodyBudget:
-    """Bytes of request bodies one server's connections hold, against ``limit`` (0: none).
-    Changed on the event loop only."""
-
-    limit: int
-    used: int = 0
-
-    def fits(self, size: int) -> bool:
-        return not self.limit or self.used + size <= self.limit
 
 
 def _uncounted(reason: RefusalReason) -> None:
     """Where no metrics are wired (the protocol alone, in tests)."""
-
-
-CONNECTION_KEY = "edgefleet.connection"
-"""Scope key of the request's :class:`Connection`."""
-CYCLE_KEY = "edgefleet.cycle"
-"""Scope key of the request's uvicorn cycle, for :func:`respond`."""
-REFUSED_KEY = "edgefleet.refused"
-"""Scope key of the server's refusal counter, ``(RefusalReason) -> None``, for the refusals
-the application makes (:func:`agent.api.errors.count_refusal`)."""
-
-
-class Connection:
-    """What a handler may ask of its connection: call back when the client is gone.
-
-    A handler waiting for a result registers a callback instead of running a task per request
-    that waits for ``http.disconnect``.
-    """
-
-    __slots__ = ("lost", "_callbacks")
-
-    def __init__(self) -> None:
-        self.lost = False
-        self._callbacks: list[Callable[[], object]] = []
-
-    def on_lost(self, callback: Callable[[], object]) -> None:
-        self._callbacks.append(callback)
-
-    def forget(self, callback: Callable[[], object]) -> None:
-        self._callbacks.remove(callback)
-
-    def _lose(self) -> None:
-        self.lost = True
-        callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
-
-
-class DirectApp(Protocol):
-    """An app that answers some requests from the connection's callbacks, without an ASGI
-    task: the ASGI app uvicorn runs names it ``direct_app``."""
-
-    def takes(self, scope: Scope) -> bool:
-        """Whether :meth:`start` answers this request (asked once its head is parsed)."""
-
-    def start(self, scope: Scope, body: bytes, tasks: set[Any]) -> None:
-        """Answer the request, whose body is complete; never raises. Its own futures and
-        tasks join ``tasks``, uvicorn's, which a shutdown waits for."""
-
-
-class _HeadHeld:
-    """The connection's transport as its request cycles see it: a response's head is held until
-    its body (or the response's end), so a small response leaves in one write, one system call,
-    instead of two. Informational responses (``100 Continue``) are not held."""
-
-    __slots__ = ("transport", "expect_head", "_head")
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
-        self.expect_head = True
-        self._head: bytes | None = None
-
-    def write(self, data: bytes) -> None:
-        if self._head is not None:
-            head, self._head = self._head, None
-            if len(data) < 65536:
-                self.transport.write(head + data)
-            else:  # not worth a copy of a large body
-                self.transport.writelines((head, data))
-        elif self.expect_head and not data.startswith(b"HTTP/1.1 1"):
-            self.expect_head = False
-            self._head = data
-        else:
-            self.transport.write(data)
-
-    def flush(self) -> None:
-        if self._head is not None:
-            head, self._head = self._head, None
-            self.transport.write(head)
-
-    def next_response(self) -> None:
-        self.flush()
-        self.expect_head = True
-
-    def close(self) -> None:
-        self.flush()
-        self.transport.close()
-
-    def is_closing(self) -> bool:
-        return self.transport.is_closing()
 
 
 class _Reader(asyncio.BufferedProtocol):
@@ -221,18 +79,14 @@ class _Reader(asyncio.BufferedProtocol):
         self.resume_writing = protocol.resume_writing  # type: ignore[method-assign]
 
 
-_CODES = {413: "payload_too_large", 503: "overloaded"}
-"""The error code of a refusal that leaves its connection open, by status."""
-
-
 class _Answered(Exception):
     """Raised in a parser callback to stop parsing once a refusal has been written."""
 
 
 class BoundedHttpProtocol(HttpToolsProtocol):
     limits: ClassVar[HttpLimits]
-    in_flight: ClassVar[_InFlight]
-    budget: ClassVar[_BodyBudget]
+    in_flight: ClassVar[InFlight]
+    budget: ClassVar[BodyBudget]
     refused: ClassVar[staticmethod[[RefusalReason], None]]
     """Counts a request turned away (``AgentMetrics.count_refusal``)."""
     head_buffer: ClassVar[memoryview]
@@ -260,7 +114,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._connection = Connection()
         self._heads_up = False
         self._direct: DirectApp | None = None  # answers the request whose body is read
-        self._writer = _HeadHeld(self.transport)
+        self._writer = HeadHeld(self.transport)
         # The connection is refused at its first request, with a proper HTTP answer.
         self._over_limit = len(self.connections) > self.limits.max_connections
         # uvicorn arms the idle timer only after a response: a connection that never sends
@@ -304,14 +158,14 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._held.clear()
         super().connection_lost(exc)
         # A body not handed over is dropped now. Its cycle is in reference cycles (with this
-        # protocol through cycle.on_response, with its scope, with _whole_receive), so it
+        # protocol through cycle.on_response, with its scope, with whole_receive), so it
         # would wait for the cycle collector, holding the body: 200 half-sent bodies of 1 MiB
         # held 108 MB until a gc ran. A cycle lost answers receive() with a disconnect only.
         if self.cycle is not None:
             self.cycle.body = bytearray()
         for cycle, _ in self.pipeline:  # pipelined requests never started
             cycle.body = bytearray()
-        self._connection._lose()
+        self._connection.lose()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -463,11 +317,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             return
         # Not zero-filled, as bytearray(size) is: that memset of 600 KB was 12 % of the event
         # loop's user time serving cnn (perf, 2026-12-04). Nothing reads the buffer before the
-        # body is complete (_whole_receive hands it over only then).
+        # body is complete (whole_receive hands it over only then).
         self.cycle.body = np.empty(size, np.uint8).data  # type: ignore[assignment]
         # a view of its own, released once the body is complete; cycle.body goes to the handler
         self._whole = memoryview(self.cycle.body)
-        self.cycle.receive = _whole_receive(self.cycle)  # type: ignore[method-assign]
+        self.cycle.receive = whole_receive(self.cycle)  # type: ignore[method-assign]
         if not self._buffered:  # from the next read on
             self._buffered = True
             self.transport.set_protocol(_Reader(self))
@@ -571,7 +425,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self.refused(RefusalReason.BODY_TIMEOUT)
             message = "the request body did not arrive within body_timeout_s={:g}"
             self.transport.write(
-                _response(
+                refusal_response(
                     408,
                     "request_timeout",
                     message.format(self.limits.body_timeout_s),
@@ -603,7 +457,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self.refused(reason)
         self._answered = True
         if not self._responding():  # else the answer would land inside an earlier response
-            self.transport.write(_response(status, code, message, retry_after_s, close=True))
+            self.transport.write(refusal_response(status, code, message, retry_after_s, close=True))
         self.transport.close()
         raise _Answered()
 
@@ -616,7 +470,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         within ``body_timeout_s`` like any body (else a client that never sends it held the
         connection for ever: the idle timer is off while a request is read)."""
         self.refused(reason)
-        response = _response(status, _CODES[status], message, int(status == 503), close=False)
+        response = refusal_response(
+            status, REFUSAL_CODES[status], message, int(status == 503), close=False
+        )
         self.transport.write(response)
         self._discarding = True
         self._in_body = True
@@ -635,7 +491,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             )
             status = 503
         if self._responding():  # pipelined behind a response being written: closed after it
-            self._answer(status, _CODES[status], message, reason, int(status == 503))
+            self._answer(status, REFUSAL_CODES[status], message, reason, int(status == 503))
         self._refuse_and_discard(status, message, reason)
 
     def _over_budget_growing(self) -> None:
@@ -649,90 +505,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                 f"bodies of {self.budget.used} bytes are in flight: this one would pass "
                 f"max_inflight_body_bytes={self.budget.limit}"
             )
-            self.transport.write(_response(503, "overloaded", message, 1, close=True))
+            self.transport.write(refusal_response(503, "overloaded", message, 1, close=True))
         self.transport.close()
         raise _Answered()
-
-
-def _whole_receive(cycle: RequestResponseCycle) -> Callable[[], Any]:
-    """uvicorn's ``receive`` for a body collected whole, handing the ASGI app the buffer the
-    body was read into (a ``memoryview``) instead of a ``bytes`` copy of it."""
-
-    async def receive() -> dict[str, Any]:
-        if cycle.waiting_for_100_continue and not cycle.transport.is_closing():
-            cycle.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            cycle.waiting_for_100_continue = False
-        if not cycle.disconnected and not cycle.response_complete:
-            cycle.flow.resume_reading()
-            await cycle.message_event.wait()
-            cycle.message_event.clear()
-        if cycle.disconnected or cycle.response_complete:
-            return {"type": "http.disconnect"}
-        body, cycle.body = cycle.body, bytearray()
-        return {"type": "http.request", "body": body, "more_body": cycle.more_body}
-
-    return receive
-
-
-def respond(scope: Scope, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
-    """Write a whole response of the agent's own making on its request's connection, as
-    uvicorn's ``send`` would for its two ASGI messages, less the work a response whose headers
-    are known to be valid does not need (a regular expression per header name and value, the
-    messages, the content length counted down); False, and nothing written, when the request
-    is not on this protocol, or when its client is not reading what it was sent (uvicorn's
-    ``send`` then waits for the transport to drain before it writes more). ``headers`` must
-    hold the content length."""
-    cycle: RequestResponseCycle | None = scope.get(CYCLE_KEY)
-    if cycle is None or cycle.response_started or cycle.flow.write_paused:
-        return False
-    if cycle.disconnected:
-        return True
-    cycle.response_started = True
-    cycle.waiting_for_100_continue = False
-    head = [STATUS_LINE[status]]
-    for name, value in (*cycle.default_headers, *headers):
-        head += (name, b": ", value, b"\r\n")
-    if not cycle.keep_alive:
-        head.append(b"connection: close\r\n")
-    head.append(b"\r\n")
-    cycle.transport.write(b"".join(head))  # held by _HeadHeld until the body: one write
-    cycle.transport.write(body)
-    cycle.response_complete = True
-    cycle.message_event.set()
-    if not cycle.keep_alive:
-        cycle.transport.close()
-    cycle.on_response()
-    return True
-
-
-def respond_when_drained(
-    scope: Scope, status: int, headers: list[tuple[bytes, bytes]], body: bytes, tasks: set[Any]
-) -> None:
-    """:func:`respond` once the client has read what it was sent, as uvicorn's ``send`` waits
-    for it, in a task that joins ``tasks`` (uvicorn's: a shutdown waits for it)."""
-    cycle: RequestResponseCycle = scope[CYCLE_KEY]
-
-    async def when_drained() -> None:
-        await cycle.flow.drain()
-        respond(scope, status, headers, body)
-
-    task = asyncio.get_running_loop().create_task(when_drained(), name="respond-when-drained")
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
-
-
-def _response(status: int, code: str, message: str, retry_after_s: int, *, close: bool) -> bytes:
-    body = orjson.dumps({"error": message, "code": code})
-    head = [
-        STATUS_LINE[status],
-        b"content-type: application/json\r\n",
-        b"content-length: %d\r\n" % len(body),
-    ]
-    if close:
-        head.append(b"connection: close\r\n")
-    if retry_after_s:
-        head.append(b"retry-after: %d\r\n" % retry_after_s)
-    return b"".join([*head, b"\r\n", body])
 
 
 def protocol_class(
@@ -745,8 +520,8 @@ def protocol_class(
         pass
 
     Bound.limits = limits
-    Bound.in_flight = _InFlight()
-    Bound.budget = _BodyBudget(limits.max_inflight_body_bytes)
+    Bound.in_flight = InFlight()
+    Bound.budget = BodyBudget(limits.max_inflight_body_bytes)
     Bound.refused = staticmethod(refused)
     Bound.head_buffer = memoryview(bytearray(HEAD_READ_BYTES))
     return Bound

@@ -12,7 +12,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope
 
-from agent.api.http_protocol import CONNECTION_KEY, Connection
+from agent.api.http_connection import CONNECTION_KEY, Connection
 from agent.errors import PayloadTooLargeError, RequestError
 
 T = TypeVar("T")

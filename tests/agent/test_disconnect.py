@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from starlette.types import Message, Scope
 
-from agent.api.http_protocol import CONNECTION_KEY, Connection
+from agent.api.http_connection import CONNECTION_KEY, Connection
 from agent.api.transport import ClientGone, until_disconnect
 
 
@@ -43,7 +43,7 @@ class Work:
 def test_a_lost_connection_cancels_the_work_and_answers_client_gone() -> None:
     async def main() -> None:
         connection, work = Connection(), Work()
-        asyncio.get_running_loop().call_later(0.01, connection._lose)
+        asyncio.get_running_loop().call_later(0.01, connection.lose)
         with pytest.raises(ClientGone):
             await until_disconnect(*request_on(connection), work.run())
         assert work.cancelled
@@ -59,7 +59,7 @@ def test_a_finished_request_leaves_nothing_on_its_connection() -> None:
         connection, work = Connection(), Work()
         work.result.set_result("done")
         assert await until_disconnect(*request_on(connection), work.run()) == "done"
-        connection._lose()  # the next client disconnect must not cancel this task
+        connection.lose()  # the next client disconnect must not cancel this task
         await asyncio.sleep(0)
 
     asyncio.run(main())
@@ -68,7 +68,7 @@ def test_a_finished_request_leaves_nothing_on_its_connection() -> None:
 def test_an_already_lost_connection_answers_client_gone_without_running_the_work() -> None:
     async def main() -> None:
         connection, work = Connection(), Work()
-        connection._lose()
+        connection.lose()
         with pytest.raises(ClientGone):
             await until_disconnect(*request_on(connection), work.run())
         assert not work.cancelled  # closed before it started

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from agent.api.fastpath import infer_route
-from agent.api.http_protocol import CYCLE_KEY, respond
+from agent.api.http_answers import respond
+from agent.api.http_connection import CYCLE_KEY
 from tests.agent.server import copy_models, serve
 from tests.hardening.rawhttp import closed_by_peer, connect, head, read_response
 
@@ -57,7 +58,7 @@ def test_fast_path_and_router_agree(example_repo: Path, tmp_path: Path) -> None:
 def test_a_response_written_directly_keeps_http_semantics(
     example_repo: Path, tmp_path: Path
 ) -> None:
-    """The fast path writes its response on the connection itself (http_protocol.respond):
+    """The fast path writes its response on the connection itself (http_answers.respond):
     the head carries what uvicorn's send would write, the connection stays open for the next
     request, and a request asking to close gets ``connection: close`` and a closed socket."""
     repo = copy_models(example_repo, tmp_path / "repo", "mlp")

@@ -1,9 +1,10 @@
 """The private parts of uvicorn and httptools the agent builds on, checked one name at a time.
 
 ``agent/api/http_protocol.py`` subclasses uvicorn's httptools protocol (its parser callbacks,
-``_start_asgi_task``, the fields of its request cycle), replaces ``on_header``, rebuilds the
-parser, and copies two of uvicorn's methods: ``RequestResponseCycle.receive`` as
-``_whole_receive`` and the response writing of ``RequestResponseCycle.send`` as ``respond``.
+``_start_asgi_task``, the fields of its request cycle), replaces ``on_header`` and rebuilds the
+parser; ``agent/api/http_answers.py`` copies two of uvicorn's methods:
+``RequestResponseCycle.receive`` as ``whole_receive`` and the response writing of
+``RequestResponseCycle.send`` as ``respond``.
 ``agent/main.py`` overrides hooks of ``uvicorn.Server``. None of this is public API: pyproject
 pins the uvicorn and httptools versions this file passes on. After an upgrade, a failing case's
 id and message name what moved; read that name in the new version, adapt the agent, then the
@@ -44,14 +45,10 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from agent.api.http_protocol import (
-    CYCLE_KEY,
-    BoundedHttpProtocol,
-    HttpLimits,
-    _whole_receive,
-    protocol_class,
-    respond,
-)
+from agent.api.http_answers import respond, whole_receive
+from agent.api.http_connection import CYCLE_KEY
+from agent.api.http_limits import HttpLimits
+from agent.api.http_protocol import BoundedHttpProtocol, protocol_class
 from agent.main import GracefulServer, server_config
 
 IMPL = "uvicorn.protocols.http.httptools_impl"
@@ -305,7 +302,7 @@ PROTOCOL_ATTRIBUTES: dict[str, Expected] = {
 }
 CYCLE_ATTRIBUTES: dict[str, Expected] = {
     "scope": "is protocol.scope",
-    "transport": "is transport",  # replaced by the agent's _HeadHeld
+    "transport": "is transport",  # replaced by the agent's HeadHeld
     "flow": FlowControl,
     "flow.write_paused": bool,
     "body": bytearray,
@@ -534,7 +531,7 @@ def test_start_asgi_task_is_called_from_the_head_and_for_pipelined_requests_late
 def test_run_asgi_hands_the_app_the_receive_its_cycle_holds(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
-    """The agent replaces ``cycle.receive`` on the instance (``_whole_receive``)."""
+    """The agent replaces ``cycle.receive`` on the instance (``whole_receive``)."""
     wire = connect(loop)
     wire.protocol.data_received(POST + b"abc")
     cycle = wire.cycle()
@@ -625,7 +622,7 @@ RECEIVE_CASES = {
 
 @pytest.mark.parametrize("case", list(RECEIVE_CASES))
 def test_receive_does_what_whole_receive_copies(loop: asyncio.AbstractEventLoop, case: str) -> None:
-    """``_whole_receive`` is uvicorn's ``receive`` handing over the body's buffer itself."""
+    """``whole_receive`` is uvicorn's ``receive`` handing over the body's buffer itself."""
     data, lost = RECEIVE_CASES[case]
     theirs, ours = connect(loop), connect(loop)
     for wire in (theirs, ours):
@@ -633,10 +630,10 @@ def test_receive_does_what_whole_receive_copies(loop: asyncio.AbstractEventLoop,
         if lost:
             wire.protocol.connection_lost(None)
     got = _received(theirs, loop.run_until_complete(theirs.cycle().receive()))
-    copied = _received(ours, loop.run_until_complete(_whole_receive(ours.cycle())()))
+    copied = _received(ours, loop.run_until_complete(whole_receive(ours.cycle())()))
     assert got == copied, (
         f"{CYCLE}.receive changed ({case}): it gives {got}; its copy "
-        f"agent.api.http_protocol._whole_receive gives {copied} {TESTED}"
+        f"agent.api.http_answers.whole_receive gives {copied} {TESTED}"
     )
 
 
@@ -682,7 +679,7 @@ def test_send_writes_what_respond_copies(loop: asyncio.AbstractEventLoop, close:
     assert respond(scope, 200, headers, b"{}")  # type: ignore[arg-type]
     assert _sent(theirs) == _sent(ours), (
         f"{CYCLE}.send changed: it gives {_sent(theirs)}; its copy "
-        f"agent.api.http_protocol.respond gives {_sent(ours)} {TESTED}"
+        f"agent.api.http_answers.respond gives {_sent(ours)} {TESTED}"
     )
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from agent.api.http_protocol import BUFFERED_BODY_BYTES
+from agent.api.http_limits import BUFFERED_BODY_BYTES
 from tests.agent.fakes import Gate
 from tests.agent.server import wait_until
 from tests.agent.test_scheduling import agent_with, logits, pending, post, reference, rows_marked

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.api.http_protocol import _HeadHeld
+from agent.api.http_answers import HeadHeld
 from tests.agent.server import RunningAgent, copy_models, serve
 from tests.hardening.rawhttp import closed_by_peer, connect, head, read_response
 
@@ -57,8 +57,8 @@ class Recorder:
         return self.closed
 
 
-def held(recorder: Recorder) -> _HeadHeld:
-    return _HeadHeld(recorder)  # type: ignore[arg-type]
+def held(recorder: Recorder) -> HeadHeld:
+    return HeadHeld(recorder)  # type: ignore[arg-type]
 
 
 def test_a_head_and_its_body_leave_in_one_write() -> None:
