@@ -14,6 +14,7 @@ import click
 
 from common.cli import OneLineChoice, one_line, settings_failure, subgroup
 from control_plane.api_client import Api, connected
+from control_plane.device_view import device_lines
 from control_plane.provisioning.cli import register_fleet
 from control_plane.rollouts.states import FINISHED
 from control_plane.status_view import status_lines
@@ -320,6 +321,12 @@ def register_operator_commands(root: click.Group) -> None:
     @click.option("--min-requests", type=int, default=20, show_default=True)
     @click.option("--max-rejections", type=int, default=0, show_default=True)
     @click.option(
+        "--allow-unjudged",
+        is_flag=True,
+        help="Pass a wave with too few requests to judge at the end of its bake (by default "
+        "it waits for traffic).",
+    )
+    @click.option(
         "--json", "as_json", is_flag=True, help="Print the created rollout's document (its id)."
     )
     @connected
@@ -335,6 +342,7 @@ def register_operator_commands(root: click.Group) -> None:
         max_p99_ratio: float,
         min_requests: int,
         max_rejections: int,
+        allow_unjudged: bool,
         as_json: bool,
     ) -> None:
         """Start a staged rollout."""
@@ -351,6 +359,7 @@ def register_operator_commands(root: click.Group) -> None:
                 "max_p99_ratio": max_p99_ratio,
                 "min_requests": min_requests,
                 "max_rejections": max_rejections,
+                "allow_unjudged": allow_unjudged,
             },
         }
         doc = Api.connect().call("POST", "/api/v1/rollouts", json=spec)
@@ -441,6 +450,11 @@ def register_operator_commands(root: click.Group) -> None:
         help="online: its last status says so and it was heard from lately",
     )
     @click.option("--silent", is_flag=True, help="only devices online by status but silent")
+    @click.option(
+        "--trust-root-version",
+        type=click.IntRange(min=1),
+        help="only devices that hold this trust root version",
+    )
     @as_json_option
     @connected
     def list_devices(
@@ -448,14 +462,18 @@ def register_operator_commands(root: click.Group) -> None:
         profile: str | None,
         online: bool | None,
         silent: bool,
+        trust_root_version: int | None,
         as_json: bool,
     ) -> None:
-        """Devices, filtered by labels, profile and presence (online, offline, or silent: online
-        by its last status, but nothing heard from it for longer than its limit)."""
+        """Devices, filtered by labels, profile, presence (online, offline, or silent: online
+        by its last status, but nothing heard from it for longer than its limit) and the trust
+        root version they hold (shown as root N; root ? for an agent that does not say)."""
         _pairs(label, "--label", "key=value")
         params: dict[str, Any] = {"label": list(label)}
         if profile:
             params["profile"] = profile
+        if trust_root_version is not None:
+            params["trust_root_version"] = trust_root_version
         if online is not None:
             params["online"] = str(online).lower()
         if silent:
@@ -467,11 +485,25 @@ def register_operator_commands(root: click.Group) -> None:
         for d in doc:
             served = ", ".join(f"{m['model']} v{m['version']}" for m in d["models"])
             labels = ",".join(f"{k}={v}" for k, v in sorted(d["labels"].items()))
+            root = d["trust_root_version"] or "?"
             click.echo(
                 f"{d['id']:<20} {d['presence']:<7} "
-                f"{d['hardware_profile'] or '?':<20} "
+                f"{d['hardware_profile'] or '?':<20} root {root:<3} "
                 f"{labels:<30} {served}"
             )
+
+    @devices.command("show")
+    @click.argument("device_id")
+    @as_json_option
+    @connected
+    def show_device(device_id: str, as_json: bool) -> None:
+        """One device: presence, agent and trust root versions, labels, the models it serves
+        and its last telemetry (sequence, CPU, memory, messages it dropped)."""
+        from urllib.parse import quote
+
+        # quoted: an id with "/", "?" or "#" would name another route
+        doc = Api.connect().call("GET", f"/api/v1/devices/{quote(device_id, safe='')}")
+        _print(doc if as_json else "\n".join(device_lines(doc)), as_json)
 
     @devices.command("label")
     @click.argument("device_id")
@@ -515,7 +547,7 @@ def register_operator_commands(root: click.Group) -> None:
         click.echo(f"trust root {doc['version']}: revoked {', '.join(doc['revoked'])}")
 
     del push, list_models, validate, stage, create, list_rollouts, status, list_devices, label
-    del rotate, revoke
+    del show_device, rotate, revoke
 
 
 def _show(doc: dict[str, Any]) -> None:

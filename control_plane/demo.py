@@ -215,7 +215,13 @@ def run_demo(
         )
         _validate(api, 2, echo)
         rollout = _rollout(api, 2, echo)
-        doc = _follow(api, rollout, echo)
+
+        def traffic() -> None:  # what the devices' apps would send
+            for url in agents.values():
+                for _ in range(5):
+                    _infer(url, x)
+
+        doc = _follow(api, rollout, echo, traffic)
         if doc["state"] != RolloutState.SUCCEEDED:
             echo(f"rollout {rollout} did not succeed: {doc['reason']}")
             return 1
@@ -322,9 +328,15 @@ def _rollout(api: httpx.Client, version: int, echo: Echo, bake_time_s: float = 2
     return int(resp.json()["id"])
 
 
-def _follow(api: httpx.Client, rollout: int, echo: Echo) -> dict[str, Any]:
+def _follow(
+    api: httpx.Client, rollout: int, echo: Echo, traffic: Callable[[], object] | None = None
+) -> dict[str, Any]:
+    """Print the rollout's progress until it ends; ``traffic`` is called between polls (live
+    requests for the gates to judge: a wave with too few waits for them)."""
     seen = ""
     while True:
+        if traffic is not None:
+            traffic()
         doc = api.get(f"/api/v1/rollouts/{rollout}").json()
         line = " | ".join(
             f"wave {w['wave']}: " + " ".join(f"{s}={n}" for s, n in sorted(w["states"].items()))

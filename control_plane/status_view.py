@@ -42,7 +42,11 @@ def gate_words(doc: dict[str, Any]) -> str | None:
         return None
     gates = doc["gates"]
     if report.get("note"):
-        return f"gates not judged: {report['requests']} requests < minimum {gates['min_requests']}"
+        waiting = ": waiting for traffic" if report.get("waiting_for_traffic") else ""
+        return (
+            f"gates not judged: {report['requests']} requests < minimum "
+            f"{gates['min_requests']}{waiting}"
+        )
     parts = [
         f"error rate {report['error_rate']:.1%} (limit {gates['max_error_rate']:.1%}) "
         f"over {report['requests']} requests"

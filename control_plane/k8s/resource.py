@@ -69,6 +69,7 @@ GATES = {
     "minRequests": "min_requests",
     "selfTest": "self_test",
     "maxRejections": "max_rejections",
+    "allowUnjudged": "allow_unjudged",
 }
 
 

@@ -389,11 +389,17 @@ class RolloutEngine:
         if rollout.bake_started_at is None:
             rollout.bake_started_at = now
         verdict, report = await telemetry_gates(session, rollout, gates, touched, now)
+        baked = required_utc(rollout.bake_started_at) + timedelta(seconds=rollout.bake_time_s)
+        # Gates that could not judge (too few requests) prove nothing: the wave waits for
+        # traffic past its bake, unless the rollout was created to pass it anyway.
+        waiting = baked <= now and "note" in report and not gates.allow_unjudged
+        if waiting:
+            report["waiting_for_traffic"] = True
         rollout.gate_report = {**rollout.gate_report, str(rollout.current_wave): report}
         if verdict:
             return self._fail(rollout, verdict)
-        if required_utc(rollout.bake_started_at) + timedelta(seconds=rollout.bake_time_s) > now:
-            return None  # still baking
+        if baked > now or waiting:
+            return None  # still baking, or waiting for requests to judge
         if rollout.current_wave + 1 >= len(rollout.waves) or not [
             d for d in rollout.devices if d.wave > rollout.current_wave
         ]:

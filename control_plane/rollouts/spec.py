@@ -24,6 +24,10 @@ class Gates(BaseModel):
     """Fail when any device's self-test fails."""
     max_rejections: int = Field(default=0, ge=0)
     """Devices that refused or rolled back the update locally before the rollout fails."""
+    allow_unjudged: bool = False
+    """Pass a wave whose error-rate and latency gates could not judge (fewer than
+    ``min_requests`` requests) at the end of its bake. Off, such a wave waits for traffic, and
+    its status says so: a rollout with no traffic proves nothing about the version."""
 
 
 class RolloutSpec(BaseModel):

@@ -67,7 +67,7 @@ def test_cli_push_validate_label_roll_out_and_rotate_keys(
         listed = edgefleet(cp, op, "devices", "list", "--label", "ring=canary")
         assert "dev-b" in listed.stdout and "dev-a" not in listed.stdout
         create = ["rollouts", "create", "--model", "mlp"]
-        one_wave = ["--waves", "100%", "--bake-time", "0.5"]
+        one_wave = ["--waves", "100%", "--bake-time", "0.5", "--allow-unjudged"]  # no traffic
         canary = ["--selector", "ring=canary"]
         created = edgefleet(cp, op, *create, "--version", "2", *canary, *one_wave)
         assert created.returncode == 0, created.stderr

@@ -112,6 +112,8 @@ def rollout(cp: RunningControlPlane, version: int, **overrides: Any) -> int:
         "device_timeout_s": 60,
         **overrides,
     }
+    # most tests send no traffic: their waves pass unjudged (by default they would wait for it)
+    spec["gates"] = {"allow_unjudged": True, **overrides.get("gates", {})}
     resp = cp.admin.post("/api/v1/rollouts", json=spec)
     assert resp.status_code == 201, resp.text
     return int(resp.json()["id"])

@@ -69,6 +69,7 @@ def test_control_plane_sigkilled_while_wave_1_bakes_resumes_and_completes(
             "waves": ["1", "100%"],
             "bake_time_s": 3,
             "device_timeout_s": 60,
+            "gates": {"allow_unjudged": True},  # no traffic here
         }
         resp = first.admin.post("/api/v1/rollouts", json=spec)
         assert resp.status_code == 201, resp.text
