@@ -276,6 +276,7 @@ class FleetClient:
             models=models,
             sent_at=datetime.now(UTC),
             telemetry_interval_s=self.settings.telemetry_interval_s,
+            trust_root_version=self.trust.version,
         )
         return status.model_dump_json(exclude_none=True).encode()
 
@@ -521,6 +522,7 @@ class FleetClient:
             return  # the retained copy of the root we hold
         self.trust = apply_trust_update(self.trust, envelope)
         self.files.save_trust(self.trust)
+        self._status_changed()  # the fleet sees which root each device holds
         if self._last_desired is not None:  # what a key unknown until now signed may verify now
             self._on_desired(self._last_desired)
         log.info(

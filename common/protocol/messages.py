@@ -192,6 +192,9 @@ class DeviceStatus(_Message):
     telemetry_interval_s: float | None = Field(default=None, gt=0)
     """How often the device publishes telemetry: the control plane shows an online device it has
     not heard from for several of these as silent (its will may never have been published)."""
+    trust_root_version: int | None = Field(default=None, ge=1)
+    """The version of the trust root the device holds (it verifies manifests and commands with
+    it): the operator sees which devices have a new root before revoking an old key."""
 
 
 class UpdateState(StrEnum):

@@ -120,6 +120,9 @@ class Device(Base):
     """When the control plane last heard from the device (its clock, not the device's)."""
     telemetry_interval_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     """How often the device said it publishes telemetry (its birth message)."""
+    trust_root_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """The trust root version the device said it holds (its birth message; none from an agent
+    that predates the field)."""
     desired: Mapped[dict[str, Any]] = mapped_column(default=dict)
     """Per model, the signed manifest envelope this device should converge to."""
 

@@ -200,6 +200,7 @@ class Ingestor:
                     {
                         "hardware_profile": status.hardware_profile,
                         "agent_version": status.agent_version,
+                        "trust_root_version": status.trust_root_version,
                     }
                 ],
             )
@@ -462,6 +463,7 @@ class Ingestor:
                 device.reported_labels = dict(status.labels)
                 device.models = [m.model_dump() for m in status.models]
                 device.telemetry_interval_s = status.telemetry_interval_s
+                device.trust_root_version = status.trust_root_version
         return came_online
 
 

@@ -93,6 +93,7 @@ def cases() -> list[tuple[str, bytes, str]]:
     negative_rows = js(telemetry("dev-x", 4)).replace(b'"rows": 10', b'"rows": -10')
     out += [  # valid by the schema, but values the database would refuse
         ("status", js(status("dev-x", hardware_profile="p" * 500)), "out_of_range"),
+        ("status", js(status("dev-x", trust_root_version=2**31)), "out_of_range"),
         ("telemetry", js(telemetry("dev-x", 2**70)), "out_of_range"),
         ("telemetry", nan_window, "out_of_range"),
         ("events", js(event("dev-x", event_id="e" * 500)), "out_of_range"),

@@ -72,12 +72,17 @@ def start_agent(
     example_repo: Path, tmp_path: Path, broker: Mosquitto
 ) -> Callable[..., AbstractContextManager[RunningAgent]]:
     def start(
-        device_id: str, cp: RunningControlPlane, **overrides: Any
+        device_id: str,
+        cp: RunningControlPlane,
+        *,
+        models: tuple[str, ...] = ("mlp",),
+        **overrides: Any,
     ) -> AbstractContextManager[RunningAgent]:
+        """``models``: the example models its repository starts with (at its first start)."""
         profile, labels = DEVICES[device_id]
         repo = tmp_path / f"repo-{device_id}"
         if not repo.exists():
-            copy_models(example_repo, repo, "mlp")
+            copy_models(example_repo, repo, *models)
         fleet = FleetSettings(
             mqtt_url=broker.url,
             device_id=device_id,

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from control_plane.db.models import Device, TelemetrySample
+from control_plane.db.models import Device, DeviceSample, TelemetrySample
 from control_plane.db.session import sync_url
 from runtimes.examples.variants import mlp_version
 from tests.control_plane.conftest import ControlPlaneFactory
@@ -71,6 +71,7 @@ def test_every_timestamp_the_api_shows_carries_its_offset(
                     **{"requests": 1, "errors": 0, "rows": 1, "batches": 1},
                 )
             )
+            s.add(DeviceSample(device_id="dev-t", seq=1, time=now))  # its last_telemetry
         engine.dispose()
         rollout_id = rollout(cp, 1, waves=["100%"])
         ids = {"device_id": "dev-t", "rollout_id": rollout_id, "name": "mlp", "version": 1}
@@ -87,7 +88,8 @@ def test_every_timestamp_the_api_shows_carries_its_offset(
             assert not naive, f"{route}: {naive}"
     shown = {k for stamps in seen.values() for k in stamps}
     assert len(shown) >= 5, seen  # versions, rollouts, devices and telemetry all had some
-    for route in ("/api/v1/rollouts/{rollout_id}", "/api/v1/devices", "/api/v1/telemetry"):
+    routes = ("/api/v1/rollouts/{rollout_id}", "/api/v1/devices", "/api/v1/devices/{device_id}")
+    for route in (*routes, "/api/v1/telemetry"):
         assert seen[route], f"{route} showed no timestamp: {seen}"
 
 

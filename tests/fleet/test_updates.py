@@ -271,6 +271,10 @@ def test_key_rotation_then_an_update_signed_with_the_new_key(
             )
         )
         fleet.wait(lambda: agent.state.fleet.trust.version == 2, what="trust root v2")  # type: ignore[union-attr]
+        fleet.wait(  # and says so: a new status, so the fleet sees which root it holds
+            lambda: [s for s in fleet.statuses("dev-1") if s.online and s.trust_root_version == 2],
+            what="a status with trust root v2",
+        )
         fleet.publish_desired(
             "dev-1",
             fleet.sign(fleet.manifest("mlp", 2, 1, mlp_version(tmp_path / "v2", seed=2)), new_key),
