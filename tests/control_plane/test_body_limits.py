@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import re
 import socket
-import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import httpx
 import orjson
-import psutil
 import pytest
 
 from control_plane.settings import ControlPlaneSettings
 from tests.control_plane.conftest import ControlPlaneFactory
 from tests.faults.cp_process import ControlPlaneProcess, control_plane_process
 from tests.mqtt_broker import Mosquitto, free_port
+from tests.rss import PeakRss
 
 MiB = 2**20
 LIMIT = 2**20
@@ -82,35 +81,6 @@ def raw_request(
     return int(top.split()[1]), orjson.loads(rest[:length])
 
 
-class PeakRss:
-    """The most resident memory a process had while the block ran, sampled from a thread."""
-
-    def __init__(self, pid: int) -> None:
-        self.process = psutil.Process(pid)
-        self.before = self.process.memory_info().rss
-        self.peak = self.before
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.wait(0.3)  # what a body left behind shows after the answer too
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.process.memory_info().rss)
-            self._stop.wait(0.005)
-
-    @property
-    def growth(self) -> int:
-        return self.peak - self.before
-
-
 @pytest.fixture
 def cp_process(tmp_path: Path, broker: Mosquitto) -> Iterator[ControlPlaneProcess]:
     """``edgefleet control-plane`` as a process of its own, so its memory is its own."""
@@ -140,7 +110,7 @@ def test_a_100_mib_body_is_refused_unread_and_memory_stays_flat(
         }
         for case, (auth, expected) in cases.items():
             headers = {"Authorization": auth} if auth else {}
-            with PeakRss(cp.proc.pid) as rss:
+            with PeakRss(cp.proc.pid, interval_s=0.005, settle_s=0.3) as rss:
                 if case.endswith("chunked"):  # no length: the server learns the size by reading
                     resp = anonymous.post(
                         "/api/v1/rollouts",

@@ -31,6 +31,7 @@ import pytest
 from agent.api.http_limits import default_body_budget_bytes
 from tests.agent.server import copy_models, serve, wait_until
 from tests.hardening.rawhttp import closed_by_peer, connect, head, read_response
+from tests.rss import PeakRss
 
 INFER = "/v2/models/mlp/infer"
 MiB = 2**20
@@ -104,28 +105,6 @@ def agent(example_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield running
 
 
-class PeakRss:
-    """A process's resident memory, sampled from a thread every 10 ms while a phase runs."""
-
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        self.peak = agent.rss()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.01):
-            self.peak = max(self.peak, self.agent.rss())
-
-
 def answered(socks: list[socket.socket], wait_s: float) -> list[socket.socket]:
     """The sockets with something to read (an answer) within ``wait_s``."""
     readable, _, _ = select.select(socks, [], [], wait_s)
@@ -158,7 +137,7 @@ def test_bodies_in_flight_stay_within_the_budget(agent: Agent) -> None:
             assert f"max_inflight_body_bytes={BUDGET}" in resp.json()["error"]
         admitted = [s for s in socks if s not in refused]
         chunk = b" " * MiB
-        with PeakRss(agent) as rss:
+        with PeakRss(agent.process.pid) as rss:
             for _ in range(BODY // MiB - 1):  # every body one MiB short: none completes
                 for sock in admitted:
                     sock.sendall(chunk)

@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import orjson
-import psutil
 import pytest
 
 from tests.agent.process import AgentProcess, agent_process
 from tests.agent.server import copy_models, wait_until
 from tests.hardening.loadclient import load, post
+from tests.rss import PeakRss
 
 ADMITTED = 4
 """max_concurrent_requests: requests in flight at once; the rest get 503 at once."""
@@ -73,34 +72,6 @@ def infer_request() -> bytes:
     )
 
 
-class PeakRss:
-    """Samples a process's resident memory from a thread while a phase runs."""
-
-    def __init__(self, pid: int) -> None:
-        self.process = psutil.Process(pid)
-        self.samples: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while True:
-            self.samples.append(self.process.memory_info().rss)
-            if self._stop.wait(0.1):
-                return
-
-    @property
-    def peak(self) -> int:
-        return max(self.samples)
-
-
 @pytest.mark.slow
 def test_overload_is_refused_fast_and_the_agent_recovers(agent: AgentProcess) -> None:
     request = infer_request()
@@ -110,13 +81,13 @@ def test_overload_is_refused_fast_and_the_agent_recovers(agent: AgentProcess) ->
     assert unloaded.count(200) == len(unloaded.statuses) > 10 and not unloaded.errors
     base_s = unloaded.median_s(200)
 
-    with PeakRss(pid) as moderate_rss:
+    with PeakRss(pid, interval_s=0.1) as moderate_rss:
         moderate = asyncio.run(load(url, request, ADMITTED, 3.0))
     assert set(moderate.statuses) == {200}, (
         f"refused at the admitted concurrency: {moderate.statuses}"
     )
 
-    with PeakRss(pid) as overload_rss:
+    with PeakRss(pid, interval_s=0.1) as overload_rss:
         heavy = asyncio.run(load(url, request, OVERLOAD, 10.0))
     recovery = asyncio.run(load(url, request, 1, 2.0))
 
