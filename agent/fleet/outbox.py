@@ -53,6 +53,7 @@ class Pending:
     payload: bytes
     seq: int | None = None
     """The telemetry sequence number (None for events, and rows older than this column)."""
+    kind: str = "telemetry"
 
 
 class Outbox:
@@ -217,18 +218,30 @@ class Outbox:
 
     def oldest(self, limit: int) -> list[Pending]:
         """The oldest rows to send now: not acknowledged, and not sent and awaiting the control
-        plane's acknowledgement unless that is overdue."""
+        plane's acknowledgement unless that is overdue. Ids are chosen first and only their
+        payloads read: thousands of rows may await an acknowledgement."""
         now = time.monotonic()
         waiting = {i for i, (due, _) in self._awaiting.items() if due > now}
-        rows = self._db.execute(
-            "SELECT id, topic, payload, seq FROM outbox ORDER BY id LIMIT ?",
-            (limit + len(self._acked) + len(waiting),),
-        )
         skip = self._acked | waiting
-        pending = [
-            Pending(i, t, bytes(p), seq) for i, t, p, seq in rows.fetchall() if i not in skip
-        ]
-        return pending[:limit]
+        ids = [
+            i
+            for (i,) in self._db.execute(
+                "SELECT id FROM outbox ORDER BY id LIMIT ?", (limit + len(skip),)
+            )
+            if i not in skip
+        ][:limit]
+        if not ids:
+            # what awaited and is due but no longer stored (deleted meanwhile) is forgotten,
+            # so that it is not due forever
+            for i in [i for i, (due, _) in self._awaiting.items() if due <= now]:
+                del self._awaiting[i]
+            return []
+        rows = self._db.execute(
+            f"SELECT id, topic, payload, seq, kind FROM outbox WHERE id IN "
+            f"({','.join('?' * len(ids))}) ORDER BY id",
+            ids,
+        )
+        return [Pending(i, t, bytes(p), seq, k) for i, t, p, seq, k in rows.fetchall()]
 
     def published(self, items: list[Pending]) -> None:
         """The broker acknowledged ``items``: events (and telemetry, until the control plane
@@ -236,14 +249,22 @@ class Outbox:
         now = time.monotonic()
         done = []
         for item in items:
-            if self._end_to_end and item.seq is not None:
+            if self._end_to_end and item.kind == "telemetry" and item.seq is not None:
+                if not self._stored(item.id):
+                    continue  # acknowledged by the control plane while the broker's ack came
                 sent = self._awaiting.get(item.id, (0.0, 0))[1] + 1
-                wait = min(self.resend_max_s, self.resend_s * 2 ** (sent - 1))
+                wait = min(self.resend_max_s, self.resend_s * 2 ** min(sent - 1, 32))
                 self._awaiting[item.id] = (now + wait, sent)
             else:
                 done.append(item.id)
         if done:
             self.ack(done)
+
+    def _stored(self, row_id: int) -> bool:
+        if row_id in self._acked:
+            return False
+        found = self._db.execute("SELECT 1 FROM outbox WHERE id = ?", (row_id,)).fetchone()
+        return found is not None
 
     def acknowledge_telemetry(self, ranges: list[tuple[int, int]]) -> int:
         """The control plane stored these telemetry sequence numbers: their rows leave.

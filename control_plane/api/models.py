@@ -171,6 +171,9 @@ async def upload_file(
     who: Principal = OPERATOR,
 ) -> Response:
     mv = await get_version(s, name, version)
+    if complete(mv):
+        raise Conflict(f"{name} v{version} is complete and immutable; push a new version")
+    push_id, push_started = mv.id, mv.created_at
     sha, size = await services(request).store.put(_stream(request))
     try:
         variant = await add_file(s, services(request).store, mv, index, filename, sha, size)
@@ -180,9 +183,12 @@ async def upload_file(
         # A push is atomic: a version whose files fail their checks is not kept, and its
         # number is free for the push that fixes them.
         await s.rollback()
-        await s.delete(await get_version(s, name, version))
-        audit.record(s, who.name, "version.discard", f"{name}:{version}", reason=str(exc))
-        await s.commit()
+        fresh = await s.get(ModelVersion, push_id)
+        # only this push, if it is still there and unfinished (not one that replaced it)
+        if fresh is not None and fresh.created_at == push_started and not complete(fresh):
+            await s.delete(fresh)
+            audit.record(s, who.name, "version.discard", f"{name}:{version}", reason=str(exc))
+            await s.commit()
         raise Invalid(
             f"{exc}; version {version} was not kept: fix its files and push it again"
         ) from None

@@ -15,7 +15,7 @@ import logging
 import random
 import ssl
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -49,6 +49,7 @@ class FleetBus:
         self._stored: dict[str, list[int]] = {}
         """Telemetry seqs stored per device since the last acknowledgements went out."""
         self._acks: list[tuple[str, bytes]] = []
+        self._acks_warned = False
         self._wake = asyncio.Event()
         self.published = 0
         self._conn: mqttwire.Connection | None = None
@@ -102,6 +103,27 @@ class FleetBus:
         if self._acks:
             self._wake.set()
 
+    def _acks_refused(self, conn: mqttwire.Connection, outcomes: Sequence[object]) -> None:
+        """Acknowledgements are best effort (a device sends again what is not acknowledged):
+        one the broker refuses is dropped, not a reason to end the session. A broker whose ACL
+        was written before acknowledgements existed refuses them all (0x87): say so once per
+        session, with the fix."""
+        errors = [o for o in outcomes if isinstance(o, BaseException)]
+        if not errors:
+            return
+        lost = [e for e in errors if not isinstance(e, mqttcodec.MqttError)]
+        if lost or conn.closed.done():
+            raise (lost or errors)[0]  # the connection, not the acknowledgement
+        self.ingestor.metrics.rejected("acks", "refused_by_broker")
+        if not self._acks_warned:
+            self._acks_warned = True
+            log.warning(
+                "the broker refuses telemetry acknowledgements: devices will send their "
+                "telemetry again until it accepts them; regenerate its ACL (edgefleet fleet "
+                "mosquitto-config) so the control plane may write <prefix>/devices/+/acks",
+                extra={"error": str(errors[0]), "refused": len(errors)},
+            )
+
     async def _ack_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.telemetry_ack_interval_s)
@@ -123,12 +145,19 @@ class FleetBus:
                     if self._retained.get(topic) is payload:  # not replaced meanwhile
                         del self._retained[topic]
                 self.published += len(window)
-            for queue in (self._commands, self._acks):
-                while queue:
-                    batch = queue[:PUBLISH_WINDOW]
-                    await asyncio.gather(*(conn.publish(t, p, qos=1) for t, p in batch))
-                    del queue[: len(batch)]
-                    self.published += len(batch)
+            while self._commands:
+                batch = self._commands[:PUBLISH_WINDOW]
+                await asyncio.gather(*(conn.publish(t, p, qos=1) for t, p in batch))
+                del self._commands[: len(batch)]
+                self.published += len(batch)
+            while self._acks:
+                batch = self._acks[:PUBLISH_WINDOW]
+                outcomes = await asyncio.gather(
+                    *(conn.publish(t, p, qos=1) for t, p in batch), return_exceptions=True
+                )
+                del self._acks[: len(batch)]
+                self._acks_refused(conn, outcomes)
+                self.published += len(batch)
             if not self._retained and not self._commands and not self._acks:
                 await self._wake.wait()
 

@@ -392,7 +392,12 @@ class RolloutEngine:
         baked = required_utc(rollout.bake_started_at) + timedelta(seconds=rollout.bake_time_s)
         # Gates that could not judge (too few requests) prove nothing: the wave waits for
         # traffic past its bake, unless the rollout was created to pass it anyway.
-        waiting = baked <= now and "note" in report and not gates.allow_unjudged
+        waiting = (
+            baked <= now
+            and "note" in report
+            and gates.min_requests > 0  # 0: the operator asks for no requests at all
+            and not gates.allow_unjudged
+        )
         if waiting:
             report["waiting_for_traffic"] = True
         rollout.gate_report = {**rollout.gate_report, str(rollout.current_wave): report}

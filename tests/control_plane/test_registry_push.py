@@ -62,6 +62,8 @@ def test_a_push_that_never_finished_is_replaced_and_a_complete_one_is_not(
         assert again.status_code == 409 and "immutable" in again.text
         kept = cp.admin.delete("/api/v1/models/mlp/versions/2")
         assert kept.status_code == 409 and "archived" in kept.text
+        replaced = cp.admin.put(FILE, content=b"other bytes")  # its files stay what they are
+        assert replaced.status_code == 409 and "immutable" in replaced.text
 
 
 def test_an_archived_version_is_hidden_and_cannot_be_rolled_out(

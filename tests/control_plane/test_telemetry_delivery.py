@@ -21,9 +21,9 @@ import sqlalchemy
 from agent.fleet.settings import FleetSettings
 from tests.agent.server import RunningAgent, copy_models, serve, wait_until
 from tests.control_plane.conftest import ControlPlaneFactory
-from tests.control_plane.server import RunningControlPlane
+from tests.control_plane.server import RunningControlPlane, control_plane
 from tests.control_plane.test_broker_reset import _lose_broker_state
-from tests.mqtt_broker import Mosquitto
+from tests.mqtt_broker import Mosquitto, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -109,3 +109,51 @@ def test_every_seq_is_stored_once_across_brokers_that_lose_their_state(
         last, held, dropped = outbox_of(tmp_path / f"state-{device_id}")
         assert last >= 20 and held == 0 and dropped == 0, (device_id, last, held, dropped)
         assert stored[device_id] == list(range(1, last + 1)), device_id
+
+
+def test_a_broker_that_refuses_acknowledgements_costs_no_session(
+    db_url: str, example_repo: Path, tmp_path: Path
+) -> None:
+    """A fleet upgraded without regenerating its broker ACL: the broker refuses the control
+    plane's acknowledgements (PUBACK 0x87). They are dropped and counted, the session stays,
+    and telemetry is stored as before (the agents, never acknowledged, keep the broker's ack)."""
+    acl = tmp_path / "acl"
+    acl.write_text(
+        "".join(
+            f"topic readwrite edgefleet/devices/+/{leaf}\n"
+            for leaf in ("status", "telemetry", "events", "desired", "commands")
+        )
+        + "topic readwrite edgefleet/fleet/trust\n"
+    )
+    broker = Mosquitto(tmp_path / "broker", extra_config=f"allow_anonymous true\nacl_file {acl}\n")
+    broker.start()
+    try:
+        with control_plane(
+            tmp_path / "cp-state", db_url, broker.url, free_port(), telemetry_ack_interval_s=0.2
+        ) as cp:
+            repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+            settings = FleetSettings(
+                mqtt_url=broker.url,
+                device_id="dev-1",
+                state_dir=tmp_path / "state",
+                trust_root_file=cp.trust_root_file,
+                telemetry_interval_s=0.2,
+            )
+            with serve(repo, fleet=settings):
+                wait_until(lambda: len(stored_seqs(db_url)["dev-1"]) >= 3, what="telemetry")
+                wait_until(
+                    lambda: 'topic="acks"' in cp.admin.get("/metrics").text,
+                    what="an acknowledgement refused and counted",
+                )
+                before = len(stored_seqs(db_url)["dev-1"])
+                log = broker.workdir / "mosquitto.log"
+                connects = log.read_text().count("New client connected")
+                time.sleep(2)  # ten acknowledgement rounds, all refused
+                assert log.read_text().count("New client connected") == connects  # no reconnect
+                assert cp.services.bus.connected.is_set()
+                assert cp.admin.get("/health").status_code == 200
+                assert len(stored_seqs(db_url)["dev-1"]) >= before + 5
+            last, held, dropped = outbox_of(tmp_path / "state")
+            assert held == 0 and dropped == 0 and last >= 10  # PUBACK still frees them
+    finally:
+        broker.stop()

@@ -111,3 +111,18 @@ def test_an_outbox_written_before_acknowledgements_gains_the_seq_column(tmp_path
     assert old.seq is None
     outbox.published([old])
     assert len(outbox) == 0
+
+
+def test_a_row_acknowledged_while_its_publish_was_in_flight_is_not_awaited(
+    tmp_path: Path,
+) -> None:
+    """The control plane's acknowledgement can overtake the broker's PUBACK (a resend after a
+    reconnect): the row is gone, and nothing may stay due for it (the drain would spin)."""
+    outbox = Outbox(tmp_path / "o.db", max_bytes=1 << 20, max_age_s=3600, resend_s=0.01)
+    _telemetry(outbox, 2)
+    outbox.acknowledge_telemetry([(1, 1)])
+    in_flight = outbox.oldest(10)
+    assert [p.seq for p in in_flight] == [2]
+    outbox.acknowledge_telemetry([(2, 2)])  # before the broker's PUBACK of it
+    outbox.published(in_flight)
+    assert outbox.next_due_s() is None and outbox.oldest(10) == []
