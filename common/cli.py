@@ -100,6 +100,10 @@ def main() -> None:
         cli.main(prog_name="edgefleet")
     except Exception as exc:  # the last resort: each command translates what it expects
         log.debug("unexpected error", exc_info=exc)
+        if logging.getLogger().handlers:
+            # a server (agent, control plane) configured its JSON logs: the traceback goes
+            # there too, where systemd's journal or kubectl logs keep it
+            logging.getLogger("edgefleet").error("unexpected error, exiting", exc_info=exc)
         message = one_line(str(exc))
         click.echo(f"Error: {type(exc).__name__}" + (f": {message}" if message else ""), err=True)
         sys.exit(1)
