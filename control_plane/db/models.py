@@ -260,7 +260,10 @@ class TelemetryRollup(Base):
 
 class UpdateEventRecord(Base):
     __tablename__ = "update_events"
-    __table_args__ = (Index("ix_update_events_rollout", "rollout_id"),)
+    __table_args__ = (
+        Index("ix_update_events_rollout", "rollout_id"),
+        Index("ix_update_events_device", "device_id", "id"),  # a device's history
+    )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     event_id: Mapped[str] = mapped_column(String(64), unique=True)
