@@ -280,13 +280,20 @@ class Ingestor:
                 # in the queue and then in the broker: held, not dropped
                 await self._retrying("telemetry batch", functools.partial(self._write, batch))
             except Exception:
-                # a batch the database refuses (not one it cannot take now) must not stop
-                # ingest: count it, log it, keep going
-                self.metrics.rejected("ingest", "write_failed")
-                log.exception("telemetry batch not stored", extra={"messages": len(batch)})
-                _ack_all(batch)
+                # A batch the database refuses (not one it cannot take now) must not stop
+                # ingest, nor take the other devices' messages down with the one it refuses:
+                # each is written alone, and what is refused alone is counted, logged and
+                # settled (its device would send it again for days otherwise).
+                log.exception(
+                    "batch not stored: its messages are written one by one",
+                    extra={"messages": len(batch)},
+                )
+                written = await self._one_by_one(batch)
                 for callback in self.on_batch_written:
                     callback()
+                await self._notify([m for kind, m, _ in written if kind == "event"])
+                _ack_all(batch)
+                self._settled(_stored_telemetry(batch))  # stored, or refused for good
                 continue
             for callback in self.on_batch_written:
                 callback()
@@ -298,6 +305,22 @@ class Ingestor:
             await self._notify([m for kind, m, _ in batch if kind == "event"])
             _ack_all(batch)
             self._settled(_stored_telemetry(batch))
+
+    async def _one_by_one(self, batch: list[Item]) -> list[Item]:
+        """Write each message of ``batch`` alone; those stored."""
+        written = []
+        for item in batch:
+            try:
+                await self._retrying("device message", functools.partial(self._write, [item]))
+            except Exception as exc:
+                self.metrics.rejected("ingest", "write_failed")
+                log.warning(
+                    "device message not stored: the database refuses it",
+                    extra={"kind": item[0], "error": str(exc).strip()[:300]},
+                )
+                continue
+            written.append(item)
+        return written
 
     def _settled(self, stored: list[tuple[str, int]]) -> None:
         if stored:

@@ -143,3 +143,37 @@ def test_garbage_on_every_control_plane_topic_is_refused_counted_and_logged(
             assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     finally:
         device.close()
+
+
+def test_a_message_the_database_refuses_costs_no_other_message(
+    start_control_plane: ControlPlaneFactory, broker: Mosquitto, db_url: str
+) -> None:
+    """A message that passes every check but the database's own (a NUL byte in a model name:
+    PostgreSQL refuses it, SQLite stores it) fails its batch: the batch's messages are then
+    written one by one, so the other devices' telemetry is stored, and the refused one is
+    counted and acknowledged to its device, which would otherwise send it again for days."""
+    if not db_url.startswith("postgresql"):
+        pytest.skip("SQLite stores the NUL byte that PostgreSQL refuses")
+    acks = "edgefleet/devices/dev-poison/acks"
+    device = ProbeClient(broker.port)
+    assert device.connect() == 0
+    device.subscribe(acks)
+    poison = telemetry("dev-poison", 7)
+    poison["models"][0]["model"] = "ml\x00p"
+    try:
+        with start_control_plane(telemetry_ack_interval_s=0.2) as cp:
+            for seq in range(1, 11):
+                device.publish("edgefleet/devices/dev-ok/telemetry", js(telemetry("dev-ok", seq)))
+                if seq == 5:
+                    device.publish("edgefleet/devices/dev-poison/telemetry", js(poison))
+
+            def stored() -> float:
+                return value(cp.admin.get("/metrics").text, "edgefleet_telemetry_messages_total")
+
+            wait_until(lambda: stored() >= 10, what="every valid message")
+            assert counts(cp.admin.get("/metrics").text, REJECTED)[("ingest", "write_failed")] >= 1
+            acked = device.wait(lambda: device.messages(acks), "the refused message acknowledged")
+            assert json.loads(acked[-1])["seqs"] == [[7, 7]]
+            assert cp.services.bus.connected.is_set()
+    finally:
+        device.close()
