@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks.fleet.measure import BARE_PREFIX, Fleet
@@ -187,16 +188,19 @@ def ingest_sweep(
     ceiling_per_s: float,
     duration_s: float,
     refine: int = 2,
+    measure: Callable[..., dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Raise the offered rate by ``factor`` until a step fails (or the ceiling is passed), then
     halve the gap between the last step that passed and the one that failed ``refine`` times:
-    a coarse step alone would understate the limit by up to ``factor``."""
+    a coarse step alone would understate the limit by up to ``factor``. ``measure`` runs one
+    step (default :func:`ingest_step`; a test gives a stand-in to check the search alone)."""
+    measure = measure or ingest_step
     steps: list[dict[str, Any]] = []
     best: dict[str, Any] | None = None
     failed: float | None = None
     rate = start_per_s
     while rate <= ceiling_per_s * 1.01:
-        step = ingest_step(fleet, rate, duration_s, drain_s=max(2.0, 0.2 * duration_s))
+        step = measure(fleet, rate, duration_s, drain_s=max(2.0, 0.2 * duration_s))
         steps.append(step)
         if not step["passed"]:
             failed = rate
@@ -207,7 +211,7 @@ def ingest_sweep(
         if best is None or failed is None:
             break
         rate = round((best["offered_per_s"] + failed) / 2)
-        step = ingest_step(fleet, rate, duration_s, drain_s=max(2.0, 0.2 * duration_s))
+        step = measure(fleet, rate, duration_s, drain_s=max(2.0, 0.2 * duration_s))
         steps.append(step)
         if step["passed"]:
             best = step

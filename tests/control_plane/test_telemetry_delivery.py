@@ -9,7 +9,6 @@ Real Mosquitto, real control plane (SQLite and PostgreSQL), three real agents.""
 from __future__ import annotations
 
 import sqlite3
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -19,6 +18,8 @@ import pytest
 import sqlalchemy
 
 from agent.fleet.settings import FleetSettings
+from control_plane.db.session import sync_url
+from tests.access.metrics import counts
 from tests.agent.server import RunningAgent, copy_models, serve, wait_until
 from tests.control_plane.conftest import ControlPlaneFactory
 from tests.control_plane.server import RunningControlPlane, control_plane
@@ -28,15 +29,12 @@ from tests.mqtt_broker import Mosquitto, free_port
 pytestmark = pytest.mark.slow
 
 DEVICES = ("dev-1", "dev-2", "dev-3")
-
-
-def _sync_url(db_url: str) -> str:
-    return db_url.replace("sqlite+aiosqlite", "sqlite")
+REJECTED = "edgefleet_messages_rejected_total"
 
 
 def stored_seqs(db_url: str) -> dict[str, list[int]]:
     """Every stored telemetry message's seq, by device, repeats included."""
-    engine = sqlalchemy.create_engine(_sync_url(db_url))
+    engine = sqlalchemy.create_engine(sync_url(db_url))
     try:
         with engine.connect() as conn:
             rows = conn.execute(
@@ -48,6 +46,21 @@ def stored_seqs(db_url: str) -> dict[str, list[int]]:
     for device_id, seq in rows:
         out[device_id].append(seq)
     return out
+
+
+def stored_more(db_url: str, more: int, devices: tuple[str, ...] = DEVICES) -> None:
+    """Wait until each of ``devices`` has ``more`` telemetry messages stored than now."""
+    start = stored_seqs(db_url)
+    wait_until(
+        lambda: all(
+            len(now[d]) >= len(start[d]) + more for now in [stored_seqs(db_url)] for d in devices
+        ),
+        what=f"{more} more telemetry messages from each of {devices}",
+    )
+
+
+def refused_acks(cp: RunningControlPlane) -> float:
+    return counts(cp.admin.get("/metrics").text, REJECTED)[("acks", "refused_by_broker")]
 
 
 def outbox_of(state_dir: Path) -> tuple[int, int, int]:
@@ -94,9 +107,9 @@ def test_every_seq_is_stored_once_across_brokers_that_lose_their_state(
                 what="telemetry from every agent",
             )
             for _ in range(3):
-                time.sleep(1.5)
+                stored_more(db_url, 5)  # the agents report through this broker, then it dies
                 _lose_broker_state(broker)
-            time.sleep(1.5)
+            stored_more(db_url, 5)
         # The agents again, with no new telemetry: what was never acknowledged goes again.
         with agents(cp, telemetry_interval_s=3600):
             wait_until(
@@ -145,14 +158,14 @@ def test_a_broker_that_refuses_acknowledgements_costs_no_session(
                     lambda: 'topic="acks"' in cp.admin.get("/metrics").text,
                     what="an acknowledgement refused and counted",
                 )
-                before = len(stored_seqs(db_url)["dev-1"])
                 log = broker.workdir / "mosquitto.log"
                 connects = log.read_text().count("New client connected")
-                time.sleep(2)  # ten acknowledgement rounds, all refused
+                refused = refused_acks(cp)
+                wait_until(lambda: refused_acks(cp) >= refused + 10, what="ten more refusals")
+                stored_more(db_url, 5, ("dev-1",))  # stored meanwhile, on the same session
                 assert log.read_text().count("New client connected") == connects  # no reconnect
                 assert cp.services.bus.connected.is_set()
                 assert cp.admin.get("/health").status_code == 200
-                assert len(stored_seqs(db_url)["dev-1"]) >= before + 5
             last, held, dropped = outbox_of(tmp_path / "state")
             assert held == 0 and dropped == 0 and last >= 10  # PUBACK still frees them
     finally:
