@@ -30,18 +30,10 @@ class RolloutState(StrEnum):
     ROLLED_BACK = "rolled_back"
     CANCELLED = "cancelled"
 
-    @property
-    def active(self) -> bool:
-        """The engine still moves it (at most one active rollout per model and device)."""
-        return self in ACTIVE
-
-    @property
-    def finished(self) -> bool:
-        return not self.active
-
 
 ACTIVE = (RolloutState.RUNNING, RolloutState.PAUSED, RolloutState.ROLLING_BACK)
-"""A tuple, as SQL's ``IN`` takes it."""
+"""The engine still moves these (at most one active rollout per model and device); a tuple,
+as SQL's ``IN`` takes it."""
 FINISHED = tuple(s for s in RolloutState if s not in ACTIVE)
 
 
@@ -81,9 +73,3 @@ FAILED = frozenset({DeviceRolloutState.REJECTED, DeviceRolloutState.ROLLED_BACK}
 """Outcomes the device itself reported as a failure of the new version."""
 REVERTING = frozenset({DeviceRolloutState.REVERTING, DeviceRolloutState.REVERTING_PENDING})
 """Rolling back, not yet seen back on the previous version."""
-DEVICE_FINISHED = WAVE_DONE | {
-    DeviceRolloutState.SKIPPED,
-    DeviceRolloutState.REVERTED,
-    DeviceRolloutState.REVERT_TIMED_OUT,
-}
-"""Nothing more will happen to the device in this rollout."""
