@@ -15,6 +15,7 @@ from pydantic_settings import (
 )
 
 from common.settings import settings_from
+from control_plane.enrolment.settings import EnrolmentSettings
 from control_plane.k8s.settings import KubernetesSettings
 
 
@@ -120,6 +121,8 @@ class ControlPlaneSettings(BaseSettings):
     accuracy_margin: float = Field(default=0.01, ge=0)
     """A version's accuracy may be at most this much below the production version's."""
     log_level: str = "INFO"
+    enrolment: EnrolmentSettings = EnrolmentSettings()
+    """Zero-touch provisioning: where claimed devices get their broker user (docs/enrolment.md)."""
     kubernetes: KubernetesSettings = KubernetesSettings()
     """ModelRollout objects and the agent DaemonSet, when run in a cluster (docs/kubernetes.md)."""
 

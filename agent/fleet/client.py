@@ -25,6 +25,7 @@ from paho.mqtt.properties import Properties
 from pydantic import ValidationError
 
 from agent.accelerators import AcceleratorProbe
+from agent.fleet.enrol import Enrolment, load_identity
 from agent.fleet.outbox import Outbox
 from agent.fleet.settings import FleetSettings
 from agent.fleet.state import StateFiles
@@ -45,7 +46,7 @@ from common.protocol.messages import (
     UpdateEvent,
     UpdateState,
 )
-from common.protocol.signing import apply_trust_update, parse_envelope
+from common.protocol.signing import TrustRoot, apply_trust_update, parse_envelope
 from common.protocol.topics import Topics
 from common.protocol.verify import DeviceIdentity, claimed, verify_command, verify_manifest
 from runtimes.errors import NoPlacementError
@@ -78,6 +79,10 @@ def device_identity(settings: FleetSettings, hardware: HardwareContext) -> Devic
 
 
 class FleetClient:
+    trust: TrustRoot
+    """What manifests and commands must be signed with (set once enrolled, on a first start
+    by claim)."""
+
     def __init__(
         self,
         settings: FleetSettings,
@@ -93,7 +98,15 @@ class FleetClient:
         self.device_id = settings.device_id
         self.files = StateFiles(settings.state_dir)
         self.state = self.files.load_state()
-        self.trust = self.files.load_trust(settings.trust_root_file)
+        stored = load_identity(settings.state_dir)
+        self._username = stored.username if stored else settings.username
+        self._password = stored.password if stored else settings.password
+        self._enrolment: Enrolment | None = None
+        if stored is None and settings.enrols:
+            # the trust root comes with the identity (see run)
+            self._enrolment = Enrolment(settings, self.files, hardware.profile.name)
+        else:
+            self.trust = self.files.load_trust(settings.trust_root_file)
         self.store = ModelStore(manager.repository)
         self.store.recover(
             {
@@ -135,6 +148,15 @@ class FleetClient:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def run(self) -> None:
+        if self._enrolment is not None:
+            try:
+                identity = await self._enrolment.run()
+            except BaseException:
+                self.outbox.close()
+                raise
+            self._username, self._password = identity.username, identity.password
+            self.trust = self.files.load_trust(self.settings.trust_root_file)
+            self._enrolment = None
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.updater.run(), name="fleet:updater")
@@ -187,8 +209,8 @@ class FleetClient:
         return aiomqtt.Client(
             host,
             port,
-            username=s.username,
-            password=s.password.get_secret_value() if s.password else None,
+            username=self._username,
+            password=self._password.get_secret_value() if self._password else None,
             identifier=f"edgefleet-agent-{self.device_id}",
             protocol=aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311,
             will=will,

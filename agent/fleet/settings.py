@@ -64,6 +64,19 @@ class FleetSettings(BaseModel):
     reconnect_max_s: float = Field(default=30.0, gt=0)
     keep_versions: int = Field(default=2, ge=1)
     """Versions of a fleet-managed model kept on disk (the committed one and the one before)."""
+    enrol_url: str | None = None
+    """Zero-touch provisioning: the control plane's URL (https://host:port) the claim token is
+    exchanged at, on the first start, for this device's broker identity and the trust root
+    (kept in state_dir; docs/enrolment.md). Use https beyond a trusted network: the answer
+    carries the device's password and the keys it will trust."""
+    claim_token: SecretStr | None = None
+    """The claim token (``efc_...``) an operator created; never logged. Prefer
+    ``claim_token_file``."""
+    claim_token_file: Path | None = None
+    """A file whose content is the claim token (trailing newline dropped)."""
+    enrol_retry_max_s: float = Field(default=300.0, gt=0)
+    """Longest wait between enrolment attempts while the control plane is away (doubling from
+    ``reconnect_min_s``); a pending device waits as long as the control plane says."""
 
     @field_validator("device_id")
     @classmethod
@@ -86,6 +99,19 @@ class FleetSettings(BaseModel):
         if self.will_delay_s and self.mqtt_protocol != "5":
             raise ValueError("will_delay_s needs mqtt_protocol 5 (MQTT 3.1.1 has no will delay)")
         return self
+
+    @model_validator(mode="after")
+    def _claim_needs_url(self) -> FleetSettings:
+        if (self.claim_token or self.claim_token_file) and not self.enrol_url:
+            raise ValueError("a claim token needs enrol_url, the control plane's URL")
+        if self.claim_token and self.claim_token_file:
+            raise ValueError("give claim_token or claim_token_file, not both")
+        return self
+
+    @property
+    def enrols(self) -> bool:
+        """Whether a claim is configured (used at the first start only)."""
+        return self.enrol_url is not None and bool(self.claim_token or self.claim_token_file)
 
     @property
     def enabled(self) -> bool:

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from common.protocol.enrolment import EnrolmentAnswer, EnrolmentRequest
 from common.protocol.messages import MESSAGE_TYPES
 from common.protocol.signing import Envelope, TrustRoot
 
@@ -20,6 +21,8 @@ ALL: dict[str, type[BaseModel]] = {
     **MESSAGE_TYPES,
     "signed-envelope": Envelope,
     "trust-root": TrustRoot,
+    "enrolment-request": EnrolmentRequest,
+    "enrolment-answer": EnrolmentAnswer,
 }
 
 

@@ -19,6 +19,7 @@ from common import __version__
 from control_plane.api import admin, fleet, models
 from control_plane.api.auth import bootstrap_admin
 from control_plane.api.deps import Services, handle_error, json_response
+from control_plane.enrolment import api as enrolment_api
 from control_plane.errors import ControlPlaneError
 from control_plane.ingest import retention
 from control_plane.ingest.ingestor import HELD_PER_MESSAGE
@@ -79,6 +80,7 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
     app.include_router(models.artifacts)
     app.include_router(fleet.router)
     app.include_router(admin.router)
+    enrolment_api.attach(app, svc)
     app.add_exception_handler(ControlPlaneError, handle_error)
     app.add_exception_handler(RequestValidationError, handle_error)
     app.add_exception_handler(DBAPIError, handle_error)  # 503 while the database is away

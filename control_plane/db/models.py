@@ -156,6 +156,8 @@ class Rollout(Base):
     created_by: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    deployment_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    """The continuous deployment that started it (none: an operator's own rollout)."""
     devices: Mapped[list[RolloutDevice]] = relationship(
         back_populates="rollout", order_by="RolloutDevice.position"
     )
@@ -312,4 +314,87 @@ class TrustRootRecord(Base):
 
     version: Mapped[int] = mapped_column(Integer, primary_key=True)
     envelope: Mapped[dict[str, Any]] = mapped_column()
+    created_at: Mapped[datetime]
+
+
+class Claim(Base):
+    """A claim credential: devices that present its token enrol themselves (see
+    :mod:`control_plane.enrolment`). Only the SHA-256 of its secret is kept."""
+
+    __tablename__ = "claims"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    secret_hash: Mapped[str] = mapped_column(String(128))
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    """Operator labels every device it enrols gets (they win over what the device reports)."""
+    profiles: Mapped[list[Any]] = mapped_column(default=list)
+    """Hardware profiles it may enrol; empty: any."""
+    max_uses: Mapped[int] = mapped_column(Integer)
+    uses: Mapped[int] = mapped_column(Integer, default=0)
+    expires_at: Mapped[datetime]
+    require_approval: Mapped[bool] = mapped_column(Boolean, default=False)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime]
+
+
+class Enrolment(Base):
+    """A device that presented a claim: pending, approved, rejected or enrolled."""
+
+    __tablename__ = "enrolments"
+
+    device_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    claim_id: Mapped[str] = mapped_column(String(32), index=True)
+    key_hash: Mapped[str] = mapped_column(String(128))
+    """SHA-256 of the secret the device made for itself: only it may collect its identity."""
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    hardware_profile: Mapped[str] = mapped_column(String(128))
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    """What the device asked for (its own labels, reported)."""
+    reason: Mapped[str] = mapped_column(Text, default="")
+    requested_at: Mapped[datetime]
+    decided_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    issued_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    """When the device last collected its broker identity."""
+
+
+class Deployment(Base):
+    """A model version bound to a label selector: matching devices converge to it, those that
+    match later too (see :mod:`control_plane.deployments`)."""
+
+    __tablename__ = "deployments"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), unique=True)
+    model: Mapped[str] = mapped_column(String(128), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    selector: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    profiles: Mapped[list[Any]] = mapped_column(default=list)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    """Of two deployments of one model that match a device, the higher wins (tie: newer)."""
+    waves: Mapped[list[Any]] = mapped_column()
+    bake_time_s: Mapped[float] = mapped_column(Float)
+    device_timeout_s: Mapped[float] = mapped_column(Float)
+    gates: Mapped[dict[str, Any]] = mapped_column()
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class MaintenanceWindow(Base):
+    """When the devices of a label selector may start updates (see
+    :mod:`control_plane.rollouts.windows`)."""
+
+    __tablename__ = "maintenance_windows"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), unique=True)
+    selector: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    cron: Mapped[str] = mapped_column(String(128))
+    """Five fields (minute hour day-of-month month day-of-week): when the window opens."""
+    duration_s: Mapped[float] = mapped_column(Float)
+    timezone: Mapped[str] = mapped_column(String(64))
+    """IANA name (Europe/Paris): the cron fields are read in its local time, DST included."""
+    created_by: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime]

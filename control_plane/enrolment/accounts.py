@@ -1,0 +1,65 @@
+"""Where a device enrolled by claim gets its broker user: Mosquitto's dynamic security plugin
+(at once, no reload) or the fleet's password file and ACL (``edgefleet fleet``; the broker
+rereads them on SIGHUP, sent here when its pid file can be read)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Protocol
+
+from common.protocol.topics import Topics
+from control_plane.enrolment.dynsec import DynsecAdmin
+from control_plane.enrolment.settings import AccountsKind
+from control_plane.provisioning.mosquitto import FleetAccess
+from control_plane.settings import ControlPlaneSettings
+
+log = logging.getLogger("edgefleet.control_plane.enrolment")
+
+
+class BrokerAccounts(Protocol):
+    async def issue(self, device_id: str) -> str:
+        """Create or replace ``device_id``'s broker user; return its new password."""
+        ...
+
+
+class PasswordFileAccounts:
+    def __init__(self, state_dir: Path, topics: Topics) -> None:
+        self.state_dir = state_dir
+        self.topics = topics
+        self._lock = asyncio.Lock()
+
+    async def issue(self, device_id: str) -> str:
+        async with self._lock:  # one writer of the files at a time
+            return await asyncio.to_thread(self._issue, device_id)
+
+    def _issue(self, device_id: str) -> str:
+        access = FleetAccess(self.state_dir, self.topics)
+        password = access.add_device(device_id)
+        out = access.refresh_broker()
+        if out is not None:
+            reload_broker(out / "data" / "mosquitto.pid")
+        return password
+
+
+def reload_broker(pid_file: Path) -> bool:
+    """SIGHUP the broker whose pid ``pid_file`` holds, so it rereads its password file and ACL;
+    False (logged) when it cannot be: the device then connects once the operator reloads it."""
+    try:
+        os.kill(int(pid_file.read_text().strip()), signal.SIGHUP)
+    except (OSError, ValueError) as exc:
+        log.warning(
+            "could not reload the broker: reload it so that enrolled devices may connect",
+            extra={"pid_file": str(pid_file), "error": str(exc)},
+        )
+        return False
+    return True
+
+
+def make_accounts(kind: AccountsKind, settings: ControlPlaneSettings) -> BrokerAccounts:
+    if kind is AccountsKind.DYNSEC:
+        return DynsecAdmin(settings)
+    return PasswordFileAccounts(settings.state_dir, Topics(settings.topic_prefix))

@@ -1,0 +1,173 @@
+"""Enrolment routes: operators create, list and revoke claims and decide pending devices;
+devices exchange a claim for their identity (``POST /api/v1/enrol``, no API token: the claim
+token is the credential)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from fastapi import APIRouter, FastAPI, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy.ext.asyncio import AsyncSession
+from starlette.responses import Response
+
+from common.protocol.enrolment import ENROL_PATH, EnrolmentRequest, EnrolmentStatus
+from control_plane.api import audit
+from control_plane.api.auth import Principal
+from control_plane.api.body import json_body, json_request, read_bounded
+from control_plane.api.deps import OPERATOR, SESSION, VIEWER, Services, field_error, json_response
+from control_plane.db.models import Claim
+from control_plane.enrolment.accounts import make_accounts
+from control_plane.enrolment.claims import (
+    ClaimSpec,
+    EnrolmentRefused,
+    claim_doc,
+    create_claim,
+    list_claims,
+)
+from control_plane.enrolment.dynsec import DynsecError
+from control_plane.enrolment.service import Enroller, enrolment_doc
+from control_plane.enrolment.states import EnrolmentState, Refusal
+from control_plane.errors import Invalid, NotFound
+
+router = APIRouter(prefix="/api/v1", tags=["Enrolment"])
+
+REFUSAL_STATUS = {
+    Refusal.UNKNOWN_CLAIM: 401,
+    Refusal.DEVICE_KEY_MISMATCH: 409,
+    Refusal.DEVICE_EXISTS: 409,
+}
+"""The HTTP status of a refusal; the others are 403."""
+
+
+class Decision(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(default="", max_length=1000)
+
+
+NEW_CLAIM = json_body(ClaimSpec, OPERATOR)
+DECISION = json_body(Decision, OPERATOR)
+
+
+def attach(app: FastAPI, svc: Services) -> None:
+    """Wire the enroller (its broker accounts from the settings) and mount the routes."""
+    settings = svc.settings
+    app.state.enroller = Enroller(
+        svc.sessions,
+        make_accounts(settings.enrolment.accounts, settings),
+        topic_prefix=settings.topic_prefix,
+        pending_retry_s=settings.enrolment.pending_retry_s,
+    )
+    app.include_router(router)
+
+
+def enroller(request: Request) -> Enroller:
+    e: Enroller = request.app.state.enroller
+    return e
+
+
+def _refused(exc: EnrolmentRefused) -> Response:
+    status = REFUSAL_STATUS.get(exc.reason, 403)
+    doc = {"error": exc.message, "code": "enrolment_refused", "reason": exc.reason.value}
+    return json_response(doc, status)
+
+
+@router.post(
+    ENROL_PATH.removeprefix("/api/v1"),
+    summary="A device exchanges its claim token for its broker identity and the trust root",
+    openapi_extra=json_request(EnrolmentRequest),
+    responses={201: {"description": "enrolled"}, 202: {"description": "waiting for approval"}},
+)
+async def enrol(request: Request) -> Response:
+    raw = await read_bounded(request, 64 * 1024)
+    try:
+        req = EnrolmentRequest.model_validate(json.loads(raw))
+    except (ValueError, RecursionError) as exc:
+        errors = exc.errors() if isinstance(exc, ValidationError) else None
+        raise Invalid(field_error(errors) if errors else f"body: not JSON ({exc})") from None
+    try:
+        answer = await enroller(request).enrol(req)
+    except EnrolmentRefused as exc:
+        return _refused(exc)
+    except (DynsecError, OSError) as exc:
+        doc = {"error": f"the broker account could not be made: {exc}", "code": "unavailable"}
+        return Response(
+            json.dumps(doc), 503, headers={"Retry-After": "5"}, media_type="application/json"
+        )
+    if answer.status is EnrolmentStatus.PENDING:
+        retry = str(int(answer.retry_after_s or 30))
+        return Response(
+            answer.model_dump_json(),
+            202,
+            headers={"Retry-After": retry},
+            media_type="application/json",
+        )
+    return Response(answer.model_dump_json(), 201, media_type="application/json")
+
+
+@router.post(
+    "/claims",
+    status_code=201,
+    summary="Create a claim: its token is shown in this answer only",
+    openapi_extra=json_request(ClaimSpec),
+)
+async def new_claim(
+    spec: ClaimSpec = NEW_CLAIM, s: AsyncSession = SESSION, who: Principal = OPERATOR
+) -> Response:
+    claim, token = await create_claim(s, spec, who.name)
+    audit.record(s, who.name, "claim.create", f"claim:{claim.id}", **spec.model_dump())
+    await s.commit()
+    return json_response({**claim_doc(claim, datetime.now(UTC)), "token": token}, 201)
+
+
+@router.get("/claims", summary="Claims (no tokens), oldest first")
+async def claims(s: AsyncSession = SESSION, _: Principal = OPERATOR) -> Response:
+    now = datetime.now(UTC)
+    return json_response([claim_doc(c, now) for c in await list_claims(s)])
+
+
+@router.post("/claims/{claim_id}/revoke", summary="Revoke a claim: it enrols no one from now")
+async def revoke_claim(
+    claim_id: str, s: AsyncSession = SESSION, who: Principal = OPERATOR
+) -> Response:
+    claim = await s.get(Claim, claim_id)
+    if claim is None:
+        raise NotFound(f"no claim {claim_id!r}")
+    claim.revoked = True
+    audit.record(s, who.name, "claim.revoke", f"claim:{claim_id}")
+    await s.commit()
+    return json_response(claim_doc(claim, datetime.now(UTC)))
+
+
+@router.get("/enrolments", summary="Devices that presented a claim (state=pending: to decide)")
+async def enrolments(
+    request: Request, state: EnrolmentState | None = None, _: Principal = VIEWER
+) -> Response:
+    return json_response([enrolment_doc(r) for r in await enroller(request).list(state)])
+
+
+@router.post(
+    "/enrolments/{device_id}/{decision}",
+    summary="approve or reject a device waiting for approval",
+    openapi_extra=json_request(Decision),
+)
+async def decide(
+    request: Request,
+    device_id: str,
+    decision: str,
+    body: Decision = DECISION,
+    who: Principal = OPERATOR,
+) -> Response:
+    if decision not in ("approve", "reject"):
+        raise NotFound(f"no decision {decision!r}: approve or reject")
+    svc: Services = request.app.state.services
+    row = await enroller(request).decide(
+        device_id, approve=decision == "approve", user=who.name, reason=body.reason
+    )
+    async with svc.sessions.begin() as s:
+        audit.record(
+            s, who.name, f"enrolment.{decision}", f"device:{device_id}", reason=body.reason
+        )
+    return json_response(enrolment_doc(row))

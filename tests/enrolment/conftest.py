@@ -1,0 +1,108 @@
+"""Enrolment fixtures: a Mosquitto running the dynamic security plugin with the fleet's initial
+configuration (only the control plane's user), a control plane that creates device users in
+it, and agents that start with nothing but a claim token."""
+
+from __future__ import annotations
+
+import glob
+import json
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agent.fleet.settings import FleetSettings
+from common.protocol.topics import Topics
+from control_plane.enrolment.dynsec import initial_config
+from control_plane.enrolment.settings import AccountsKind, EnrolmentSettings
+from control_plane.provisioning.acl import CONTROL_PLANE_USER
+from tests.agent.server import RunningAgent, copy_models, serve
+from tests.control_plane.server import RunningControlPlane, control_plane
+from tests.mqtt_broker import Mosquitto, free_port
+
+CP_PASSWORD = "control-plane-test-password"
+
+
+def dynsec_plugin() -> str:
+    """The plugin of Debian's mosquitto package (``dpkg -L mosquitto | grep dynamic``)."""
+    found = glob.glob("/usr/lib/*/mosquitto_dynamic_security.so") + glob.glob(
+        "/usr/lib/mosquitto_dynamic_security.so"
+    )
+    if not found:
+        pytest.skip("no mosquitto_dynamic_security.so here (Debian's mosquitto package has it)")
+    return found[0]
+
+
+@pytest.fixture
+def dynsec_broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    config = tmp_path / "dynamic-security.json"
+    config.write_text(json.dumps(initial_config(Topics(), CP_PASSWORD)))
+    extra = f"allow_anonymous false\nplugin {dynsec_plugin()}\nplugin_opt_config_file {config}\n"
+    broker = Mosquitto(tmp_path / "broker", extra_config=extra).start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture
+def cp(tmp_path: Path, dynsec_broker: Mosquitto) -> Iterator[RunningControlPlane]:
+    with control_plane(
+        tmp_path / "cp-state",
+        f"sqlite+aiosqlite:///{tmp_path}/cp.db",
+        dynsec_broker.url,
+        free_port(),
+        mqtt_username=CONTROL_PLANE_USER,
+        mqtt_password=CP_PASSWORD,
+        enrolment=EnrolmentSettings(accounts=AccountsKind.DYNSEC, pending_retry_s=0.2),
+    ) as running:
+        yield running
+
+
+def new_claim(cp: RunningControlPlane, **spec: Any) -> str:
+    resp = cp.admin.post("/api/v1/claims", json={"name": "factory", **spec})
+    assert resp.status_code == 201, resp.text
+    return str(resp.json()["token"])
+
+
+ClaimedAgent = Callable[..., AbstractContextManager[RunningAgent]]
+
+
+@pytest.fixture
+def claimed_agent(
+    example_repo: Path, tmp_path: Path, dynsec_broker: Mosquitto, cp: RunningControlPlane
+) -> ClaimedAgent:
+    """An agent with no broker login and no trust root: only the control plane's URL and a
+    claim token."""
+
+    def start(device_id: str, token: str, **overrides: Any) -> AbstractContextManager[RunningAgent]:
+        repo = tmp_path / f"repo-{device_id}"
+        if not repo.exists():
+            copy_models(example_repo, repo, "mlp")
+        fleet = FleetSettings(
+            mqtt_url=dynsec_broker.url,
+            device_id=device_id,
+            state_dir=tmp_path / f"state-{device_id}",
+            enrol_url=cp.url,
+            claim_token=token,
+            telemetry_interval_s=0.2,
+            reconnect_min_s=0.05,
+            reconnect_max_s=0.5,
+            **overrides,
+        )
+        return serve(repo, profile="raspberry-pi-5", fleet=fleet)
+
+    return start
+
+
+def enrol(cp: RunningControlPlane, token: str, device_id: str, **fields: Any) -> httpx.Response:
+    body = {
+        "claim": token,
+        "device_id": device_id,
+        "device_key": f"key-of-{device_id}-" + "x" * 32,
+        "hardware_profile": "raspberry-pi-5",
+        **fields,
+    }
+    with httpx.Client(base_url=cp.url, timeout=30) as client:
+        return client.post("/api/v1/enrol", json=body)
