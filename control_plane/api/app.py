@@ -19,6 +19,7 @@ from common import __version__
 from control_plane.api import admin, fleet, models
 from control_plane.api.auth import bootstrap_admin
 from control_plane.api.deps import Services, handle_error, json_response
+from control_plane.console.web import mount as mount_console
 from control_plane.enrolment import api as enrolment_api
 from control_plane.errors import ControlPlaneError
 from control_plane.ingest import retention
@@ -84,6 +85,7 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
     app.add_exception_handler(ControlPlaneError, handle_error)
     app.add_exception_handler(RequestValidationError, handle_error)
     app.add_exception_handler(DBAPIError, handle_error)  # 503 while the database is away
+    mount_console(app)  # the operator console under /ui/, a client of the routes above
 
     @app.get("/health", tags=["Observability"], summary="Database and broker reachability")
     async def health(request: Request) -> Response:

@@ -1,0 +1,184 @@
+"""Rollout pages: the list, one rollout's live progress, the form that creates one (with the
+devices it would reach) and the confirmed actions. Each change is the API's own route."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from starlette.responses import Response
+
+from control_plane.console import views
+from control_plane.console.api import ApiRefused
+from control_plane.console.web import OPERATOR, BadForm, Operator, form, redirect, render
+from control_plane.rollouts.states import ACTIVE, RolloutState
+from control_plane.status_view import gate_words, phase_words
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+PROFILES = Query(default=[], description="hardware profiles; none: every profile")
+
+ACTIONS = {
+    "pause": ("Pause", "New devices get no update until it is resumed."),
+    "resume": ("Resume", "The rollout goes on from its current wave."),
+    "cancel": ("Cancel", "The rollout stops; devices keep the version they have now."),
+    "abort": ("Abort and roll back", "The rollout stops and every updated device goes back."),
+}
+WHEN = {
+    RolloutState.RUNNING: ("pause", "cancel", "abort"),
+    RolloutState.PAUSED: ("resume", "cancel", "abort"),
+}
+
+
+def actions_for(doc: dict[str, Any]) -> tuple[str, ...]:
+    return WHEN.get(RolloutState(doc["state"]), ())
+
+
+def progress(doc: dict[str, Any]) -> dict[str, Any]:
+    """What the progress fragment shows: each wave with its gate verdict and its devices."""
+    waves = []
+    for w in doc["waves"]:
+        verdict = gate_words({**doc, "current_wave": w["wave"]})
+        devices = [
+            {"id": d["device_id"], "state": d["state"], "words": phase_words(d)}
+            for d in doc["devices"]
+            if d["wave"] == w["wave"]
+        ]
+        waves.append(w | {"verdict": verdict, "device_rows": devices})
+    live = doc["state"] in ACTIVE
+    return {
+        "doc": doc,
+        "waves": waves,
+        "live": live,
+        "actions": actions_for(doc),
+        "labels": ACTIONS,
+    }
+
+
+@router.get("/rollouts")
+async def rollouts(
+    request: Request, before: int | None = Query(default=None, ge=1), who: Operator = OPERATOR
+) -> Response:
+    found = await who.api.get("/api/v1/rollouts", limit=50, before=before)
+    older = found[-1]["id"] if len(found) == 50 else None
+    return render(request, "rollouts.html", who, rollouts=found, older=older)
+
+
+@router.get("/rollouts/new")
+async def new_rollout(request: Request, who: Operator = OPERATOR) -> Response:
+    return render(request, "rollout_new.html", who, **await _form_choices(who), values={})
+
+
+@router.get("/rollouts/preview")
+async def preview(
+    request: Request,
+    selector: str = "",
+    profiles: list[str] = PROFILES,
+    who: Operator = OPERATOR,
+) -> Response:
+    """The devices a rollout of this selector and these profiles would reach (an htmx part)."""
+    try:
+        labels = _pairs(selector)
+    except BadForm as exc:
+        return render(request, "_preview.html", who, error=exc.message, devices=[])
+    found = await who.api.get("/api/v1/devices", label=[f"{k}={v}" for k, v in labels.items()])
+    if profiles:
+        found = [d for d in found if d["hardware_profile"] in profiles]
+    return render(request, "_preview.html", who, devices=found, shown=found[:100])
+
+
+@router.post("/rollouts")
+async def create(request: Request, who: Operator = OPERATOR) -> Response:
+    fields = await form(request, who)
+    values = {k: v[-1] for k, v in fields.items()}
+    try:
+        spec = _spec(fields)
+        doc = await who.api.call("POST", "/api/v1/rollouts", json=spec)
+    except BadForm as exc:
+        status, error = exc.status, exc.message
+    except ApiRefused as exc:  # the API's own verdict on the values, shown on the form
+        status, error = exc.status, f"{exc.status}: {exc.message}"
+    else:
+        return redirect(f"/ui/rollouts/{doc['id']}")
+    choices = await _form_choices(who)
+    return render(request, "rollout_new.html", who, status, error=error, values=values, **choices)
+
+
+@router.get("/rollouts/{rollout_id}")
+async def rollout(request: Request, rollout_id: int, who: Operator = OPERATOR) -> Response:
+    doc = await who.api.get(f"/api/v1/rollouts/{rollout_id}")
+    return render(request, "rollout.html", who, **progress(doc))
+
+
+@router.get("/rollouts/{rollout_id}/progress")
+async def rollout_progress(request: Request, rollout_id: int, who: Operator = OPERATOR) -> Response:
+    doc = await who.api.get(f"/api/v1/rollouts/{rollout_id}")
+    return render(request, "_progress.html", who, **progress(doc))
+
+
+@router.get("/rollouts/{rollout_id}/confirm/{action}")
+async def confirm(
+    request: Request, rollout_id: int, action: str, who: Operator = OPERATOR
+) -> Response:
+    if action not in ACTIONS:
+        raise BadForm(404, f"no action {action!r}: {', '.join(ACTIONS)}")
+    doc = await who.api.get(f"/api/v1/rollouts/{rollout_id}")
+    label, meaning = ACTIONS[action]
+    return render(
+        request, "confirm.html", who, doc=doc, action=action, label=label, meaning=meaning
+    )
+
+
+@router.post("/rollouts/{rollout_id}/{action}")
+async def act(request: Request, rollout_id: int, action: str, who: Operator = OPERATOR) -> Response:
+    await form(request, who)
+    if action not in ACTIONS:
+        raise BadForm(404, f"no action {action!r}: {', '.join(ACTIONS)}")
+    await who.api.call("POST", f"/api/v1/rollouts/{rollout_id}/{action}")
+    return redirect(f"/ui/rollouts/{rollout_id}")
+
+
+async def _form_choices(who: Operator) -> dict[str, Any]:
+    models = await who.api.get("/api/v1/models")
+    devices = await who.api.get("/api/v1/devices")
+    return {
+        "models": models,
+        "profiles": sorted({d["hardware_profile"] for d in devices if d["hardware_profile"]}),
+        "fleet": views.fleet_counts(devices),
+    }
+
+
+def _pairs(text: str) -> dict[str, str]:
+    out = {}
+    for pair in (p.strip() for p in text.split(",")):
+        if not pair:
+            continue
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise BadForm(400, f"selector: expected key=value, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _spec(fields: dict[str, list[str]]) -> dict[str, Any]:
+    """The API's rollout document from the form: blank fields keep the API's defaults, and
+    the API checks every value (a wrong one comes back as its 400, shown on the form)."""
+
+    def one(name: str) -> str:
+        return (fields.get(name) or [""])[-1].strip()
+
+    model, version = one("model"), one("version")
+    if not model or not version:
+        raise BadForm(400, "model and version: both are needed")
+    spec: dict[str, Any] = {"model": model, "version": version, "selector": _pairs(one("selector"))}
+    spec["profiles"] = [p for p in fields.get("profiles", []) if p]
+    if waves := one("waves"):
+        spec["waves"] = [w.strip() for w in waves.split(",") if w.strip()]
+    for name in ("bake_time_s", "device_timeout_s"):
+        if value := one(name):
+            spec[name] = value
+    gates: dict[str, Any] = {"allow_unjudged": one("allow_unjudged") == "on"}
+    for name in ("max_error_rate", "max_p99_ratio", "min_requests"):
+        if value := one(name):
+            gates[name] = value
+    spec["gates"] = gates
+    return spec
