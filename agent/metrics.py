@@ -199,6 +199,12 @@ class AgentMetrics:
             LABELS,
             LATENCY_BUCKETS_S,
         )
+        self.pipeline_steps = _Spreads(
+            "edgefleet_pipeline_step_seconds",
+            "Time of each step of a pipeline's successful requests",
+            (*LABELS, "step"),
+            LATENCY_BUCKETS_S,
+        )
         self.refusals = _Counters(
             "edgefleet_requests_refused",
             "Requests turned away before any inference ran, by reason",
@@ -257,6 +263,11 @@ class AgentMetrics:
         queue.observe(queue_s)
         compute.observe(compute_s)
 
+    def observe_steps(self, model: str, version: str, timings: list[tuple[str, float]]) -> None:
+        """The steps of one successful pipeline request."""
+        for step, seconds in timings:
+            self.pipeline_steps.child(model, version, step).observe(seconds)
+
     def observe_failure(self, model: str, version: str, code: str) -> None:
         self.requests.child(model, version, code).inc()
 
@@ -277,6 +288,7 @@ class AgentMetrics:
             self.queue,
             self.compute,
             self.latency,
+            self.pipeline_steps,
         ):
             yield hot.family()
         depth = GaugeMetricFamily(

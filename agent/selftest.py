@@ -7,7 +7,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from agent.pipelines.offline import has_pipeline, pipeline_golden_problems
 from agent.plans import plan_repository
+from common.model_config import load_model_config
 from runtimes.backends import open_model
 from runtimes.errors import RuntimeFailure
 from runtimes.golden import GOLDEN_FILE, GoldenSample
@@ -35,8 +37,13 @@ def self_test(repository: Path, cache_dir: Path | None, echo: Callable[[str], No
             started = time.perf_counter()
             runtime = open_model(mp.model_file, mp.plan.placement, settings)
             loaded = time.perf_counter()
-            golden = GoldenSample.load(mp.model_file.parent / GOLDEN_FILE)
-            problems = golden.mismatches(runtime.infer(golden.inputs))
+            version_dir = mp.model_file.parent
+            config = load_model_config(version_dir.parent)
+            if has_pipeline(version_dir, config):  # its golden is a request to the pipeline
+                problems = pipeline_golden_problems(version_dir, config, runtime)
+            else:
+                golden = GoldenSample.load(version_dir / GOLDEN_FILE)
+                problems = golden.mismatches(runtime.infer(golden.inputs))
             done = time.perf_counter()
             runtime.close()
         except RuntimeFailure as exc:

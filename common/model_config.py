@@ -23,6 +23,8 @@ batching. Names carry their units, as Triton's and pytriton's do::
     [placement]                        # pin instead of the profile's preferences
     runtime = "openvino"
     device = "CPU"
+
+    [pipeline]                         # steps around the model (common/pipeline_config.py)
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from common.pipeline_config import PipelineConfig
 from runtimes.errors import validation_message
 from runtimes.hardware.select import Pin
 
@@ -128,8 +131,10 @@ class ModelConfig(_Strict):
     """Free text shown in metadata."""
     placement: Pin | None = None
     """Pin the model to a runtime (and device) instead of the profile's preference order."""
-    instances: int = Field(default=1, ge=1, le=64)
-    """Parallel executors, each with its own session; CPU threads are split between them."""
+    instances: int = Field(default=0, ge=0, le=64)
+    """Parallel executors, each with its own session; CPU threads are split between them.
+    0 (the default) leaves the count to the agent: on a CPU one per core, at most 4, each
+    single-threaded; on another device one (:mod:`agent.inference.tuning`)."""
     evictable: bool = False
     """May be unloaded (when idle) to make room for another model within the memory budget."""
     memory_mb: int | None = Field(default=None, gt=0)
@@ -137,6 +142,9 @@ class ModelConfig(_Strict):
     version_policy: VersionPolicy = VersionPolicy()
     batching: BatchingConfig = BatchingConfig()
     warmup: WarmupConfig = WarmupConfig()
+    pipeline: PipelineConfig | None = None
+    """Processing steps and model calls served as this model (docs/pipelines.md); a
+    version's own pipeline.toml takes its place for that version."""
 
 
 def parse_model_config(text: str, source: str) -> ModelConfig:

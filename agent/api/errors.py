@@ -18,6 +18,7 @@ from agent import errors as agent_errors
 from agent.api.http_connection import REFUSED_KEY
 from agent.api.v2_codec import BadJsonError, NullValueError
 from agent.metrics import RefusalReason
+from agent.pipelines import errors as pipeline_errors
 from common.model_config import ModelConfigError
 from runtimes import errors as runtime_errors
 
@@ -25,6 +26,9 @@ log = logging.getLogger("edgefleet.agent.api")
 
 # Most specific first: the first class an error is an instance of decides.
 STATUS: tuple[tuple[type[Exception], int], ...] = (
+    (pipeline_errors.StepFailedError, 422),
+    (pipeline_errors.StepCrashedError, 502),
+    (pipeline_errors.StepTimeoutError, 504),
     (agent_errors.ModelNotFoundError, 404),
     (agent_errors.RequestError, 400),
     (agent_errors.PayloadTooLargeError, 413),

@@ -31,6 +31,7 @@ from agent.api.v2_codec import (
 from agent.errors import RequestError
 from agent.inference.service import InferRequest, InferResponse
 from agent.inference.versions import LoadedVersion
+from agent.pipelines.version import PipelineVersion
 from common import __version__
 
 router = APIRouter(tags=["KServe V2"])
@@ -88,8 +89,16 @@ def _metadata(lv: LoadedVersion, versions: list[int]) -> dict[str, Any]:
             "batched": lv.batcher.batched,
             "max_batch_size": lv.batcher.max_rows,
             **({} if lv.tuning is None else {"batch_tuning": lv.tuning.describe()}),
+            **_pipeline_steps(lv),
         },
     }
+
+
+def _pipeline_steps(lv: LoadedVersion) -> dict[str, Any]:
+    """A pipeline's steps by name and kind, in order; nothing for a plain model."""
+    if not isinstance(lv, PipelineVersion) or lv.pipeline is None:
+        return {}
+    return {"steps": [f"{n}:{s.kind}" for n, s in lv.pipeline.config.named_steps()]}
 
 
 @router.get("/v2/models/stats", summary="Statistics of every served model version")
@@ -232,7 +241,12 @@ class InferCall:
         context["model"], context["version"] = result.model, result.version
         context["queue_ms"] = round(result.queue_s * 1000, 3)
         context["compute_ms"] = round(result.compute_s * 1000, 3)
-        timing = (b"server-timing", server_timing(result.queue_s, result.compute_s, total).encode())
+        timing_value = server_timing(result.queue_s, result.compute_s, total)
+        if result.steps:  # a pipeline's steps, each as its own metric
+            timing_value += "".join(
+                f", step_{name};dur={seconds * 1000:.3f}" for name, seconds in result.steps
+            )
+        timing = (b"server-timing", timing_value.encode())
         if json_length is None:
             return 200, [JSON_TYPE, timing], payload
         length = (b"inference-header-content-length", b"%d" % json_length)

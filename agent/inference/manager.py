@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,10 +29,10 @@ from agent.errors import (
     ModelNotFoundError,
     ModelNotReadyError,
 )
-from agent.inference.batcher import Batcher, BatchObserver
+from agent.inference.batcher import INLINE_MAX_S, Batcher, BatchObserver
 from agent.inference.priority import run_lowered
 from agent.inference.stats import VersionStats
-from agent.inference.tuning import BatchTuning, tune_batch_size
+from agent.inference.tuning import BatchTuning, same_config, tune_batch_size, with_instances
 from agent.inference.versions import (
     LoadedVersion,
     RuntimeFactory,
@@ -41,6 +43,15 @@ from agent.inference.versions import (
     estimate_memory_bytes,
     open_instances,
     warm_up,
+)
+from agent.pipelines.pipeline import ModelCall, Pipeline
+from agent.pipelines.settings import PipelineSettings
+from agent.pipelines.version import (
+    PipelineVersion,
+    model_caller,
+    pipeline_config,
+    pipeline_self_test,
+    python_refusal,
 )
 from common.model_config import ModelConfig, ModelConfigError, load_model_config, version_dirs
 from runtimes.backends import open_model
@@ -85,8 +96,16 @@ class ModelManager:
         cpu_count: int,
         metrics: AgentMetrics | None = None,
         runtime_factory: RuntimeFactory = open_model,
+        pipelines: PipelineSettings | None = None,
     ) -> None:
         self.repository = repository
+        self.pipelines = pipelines or PipelineSettings()
+        """Settings of the models' pipelines (image limits, timeouts, Python steps)."""
+        self.step_executor = ThreadPoolExecutor(
+            max_workers=self.pipelines.step_threads or os.cpu_count() or 1,
+            thread_name_prefix="pipeline-step",
+        )
+        """Runs pipelines' built-in steps (image decoding, normalising, top-k)."""
         self.hardware = hardware
         self.runtime_settings = runtime_settings
         self.cpu_count = cpu_count
@@ -232,7 +251,11 @@ class ModelManager:
             entry.error = f"no version directory of {model_dir} matches the version policy"
             raise LoadError(f"model {model!r}: {entry.error}")
         entry.error = ""
-        keep = {v: lv for v, lv in entry.served.items() if v in wanted and lv.config == config}
+        keep = {
+            v: lv
+            for v, lv in entry.served.items()
+            if v in wanted and same_config(lv.config, config)
+        }
         fresh: dict[int, LoadedVersion] = {}
         try:
             for version in wanted:
@@ -258,17 +281,29 @@ class ModelManager:
         return entry
 
     async def _load_version(
-        self, entry: ModelEntry, version: int, version_dir: Path, config: ModelConfig
+        self,
+        entry: ModelEntry,
+        version: int,
+        version_dir: Path,
+        config: ModelConfig,
+        *,
+        verified: bool = False,
     ) -> LoadedVersion:
         name = f"{entry.name}:{version}"
         previous = entry.status.get(version)
         entry.status[version] = VersionStatus(VersionState.LOADING)
+        pipeline: Pipeline | None = None
         try:
+            steps = pipeline_config(version_dir, config)
             model_file, fmt = find_model_file(version_dir)
             plan = self.hardware.plan(entry.name, fmt, config.placement)
+            settings = self.runtime_settings
+            # instances = 0: one per core on a CPU (the first candidate's device decides)
+            config = with_instances(
+                config, plan.placement.device, self.cpu_count, settings.intra_op_threads
+            )
             await self._make_room(entry.name, estimate_memory_bytes(version_dir, config), name)
             started = time.monotonic()
-            settings = self.runtime_settings
 
             def load(placement: Placement) -> tuple[list[Runtime], int, bool, BatchTuning | None]:
                 runtimes, rss_added = open_instances(
@@ -335,6 +370,21 @@ class ModelManager:
                         },
                     )
                     plan = self.hardware.plan(entry.name, fmt, config.placement, failed)
+            if steps is not None:
+                try:
+                    pipeline = await Pipeline.build(
+                        steps,
+                        version_dir,
+                        runtimes[0].signature,
+                        self.pipelines,
+                        python_allowed=python_refusal(
+                            steps, version_dir, self.pipelines, verified=verified
+                        ),
+                    )
+                except BaseException:
+                    for rt in runtimes:
+                        rt.close()
+                    raise
             load_s = time.monotonic() - started
         except Exception as exc:
             # Whatever went wrong, the version must not stay LOADING: it is UNAVAILABLE with
@@ -360,14 +410,19 @@ class ModelManager:
         observer: BatchObserver = stats.record_batch
         if self.metrics is not None:
             observer = self.metrics.batch_observer(entry.name, str(version), stats)
-        lv = LoadedVersion(
+        kind: Callable[..., LoadedVersion] = LoadedVersion
+        if pipeline is not None:
+            kind = functools.partial(
+                PipelineVersion, pipeline=pipeline, model_signature=runtimes[0].signature
+            )
+        lv = kind(
             model=entry.name,
             version=version,
             config=config,
             placement=plan.placement,
             format=fmt,
             model_file=model_file,
-            signature=runtimes[0].signature,
+            signature=runtimes[0].signature if pipeline is None else pipeline.signature,
             batcher=Batcher(
                 name,
                 runtimes,
@@ -375,6 +430,7 @@ class ModelManager:
                 batched=batched,
                 observer=observer,
                 nice_offset=settings.compute_nice_offset,
+                inline_max_s=INLINE_MAX_S,
             ),
             memory_bytes=accounted_memory_bytes(version_dir, config, rss_added),
             load_s=load_s,
@@ -382,6 +438,19 @@ class ModelManager:
             tuning=tuning,
         )
         lv.batcher.start()
+        if isinstance(lv, PipelineVersion):
+            problem = await pipeline_self_test(
+                lv, version_dir, self.model_caller(lv, 1, None), self.step_executor
+            )
+            if problem is not None:
+                await lv.retire()
+                if not (version in entry.served and previous is not None):
+                    entry.status[version] = VersionStatus(VersionState.UNAVAILABLE, problem)
+                log.error(
+                    "version failed to load",
+                    extra={"model": entry.name, "version": version, "reason": problem},
+                )
+                raise LoadError(f"model {entry.name!r} version {version}: {problem}")
         log.info(
             "version loaded",
             extra={
@@ -454,7 +523,8 @@ class ModelManager:
         """
         async with self._load_lock:
             entry = self.models.setdefault(model, ModelEntry(model))
-            lv = await self._load_version(entry, version, version_dir, config)
+            # the updater stages only what a verified manifest delivered
+            lv = await self._load_version(entry, version, version_dir, config, verified=True)
             if version not in entry.served:
                 entry.status[version] = VersionStatus(VersionState.STAGED)
             return lv
@@ -518,6 +588,15 @@ class ModelManager:
             for lv in old.values():
                 self._retire(entry, lv)
         await asyncio.gather(*self._retiring, return_exceptions=True)
+        self.step_executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- pipelines ------------------------------------------------------------------------
+
+    def model_caller(
+        self, lv: PipelineVersion, priority: int, timeout_s: float | None
+    ) -> ModelCall:
+        """How ``lv``'s pipeline calls models (:func:`agent.pipelines.version.model_caller`)."""
+        return model_caller(lv, self.resolve, self.metrics, priority, timeout_s)
 
 
 def _why(entry: ModelEntry) -> str:

@@ -18,6 +18,7 @@ from agent.inference.batch_run import ItemResult
 from agent.inference.manager import ModelManager
 from agent.inference.versions import LoadedVersion
 from agent.metrics import AgentMetrics
+from agent.pipelines.version import PipelineVersion
 from runtimes.errors import RuntimeFailure
 
 Arrays = dict[str, np.ndarray]
@@ -44,6 +45,8 @@ class InferResponse:
     queue_s: float
     compute_s: float
     batch_rows: int
+    steps: tuple[tuple[str, float], ...] = ()
+    """A pipeline's seconds per step (Server-Timing, metrics); empty for a plain model."""
 
 
 class InferenceService:
@@ -78,6 +81,8 @@ class InferenceService:
             if resolved is not None
             else self.manager.resolve(request.model, request.version)
         )
+        if isinstance(lv, PipelineVersion):
+            return self._submit_pipeline(lv, request)
         lv.acquire()  # resolved and acquired in one step: a swap cannot slip in
         version = str(lv.version)
         started = time.monotonic()
@@ -135,6 +140,57 @@ class InferenceService:
         queued.add_done_callback(ran)
         answer.add_done_callback(given_up)
         return answer
+
+    def _submit_pipeline(
+        self, lv: PipelineVersion, request: InferRequest
+    ) -> asyncio.Future[InferResponse]:
+        """Run ``request`` through ``lv``'s pipeline; its model steps join their models'
+        batchers. The task is the answer: whoever awaits it (the transport) cancels it."""
+        lv.acquire()
+        version = str(lv.version)
+        started = time.monotonic()
+        try:
+            _, wanted, priority, timeout_s = self._admit(lv, request)
+        except (AgentError, RuntimeFailure) as exc:
+            lv.release()
+            lv.stats.record_failure(time.monotonic() - started, exc.code)
+            self.metrics.observe_failure(lv.model, version, exc.code)
+            raise
+        except BaseException:
+            lv.release()
+            raise
+
+        async def run() -> InferResponse:
+            assert lv.pipeline is not None
+            try:
+                result = await lv.pipeline.run(
+                    request.inputs,
+                    self.manager.model_caller(lv, priority, timeout_s),
+                    self.manager.step_executor,
+                )
+            except (AgentError, RuntimeFailure) as exc:
+                lv.stats.record_failure(time.monotonic() - started, exc.code)
+                self.metrics.observe_failure(lv.model, version, exc.code)
+                raise
+            finally:
+                lv.release()
+            total = time.monotonic() - started
+            lv.stats.record_success(total, result.queue_s, result.compute_s)
+            self.metrics.observe_success(lv.model, version, total, result.queue_s, result.compute_s)
+            self.metrics.observe_steps(lv.model, version, result.timings)
+            outputs = result.outputs if wanted is None else {k: result.outputs[k] for k in wanted}
+            rows = next(iter(outputs.values())).shape[0] if outputs else 0
+            return InferResponse(
+                lv.model,
+                version,
+                outputs,
+                result.queue_s,
+                result.compute_s,
+                rows,
+                tuple(result.timings),
+            )
+
+        return asyncio.ensure_future(run())
 
     def _admit(
         self, lv: LoadedVersion, request: InferRequest

@@ -10,13 +10,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from runtimes.examples.classifier import write_classifier
 from runtimes.examples.onnx_models import cnn_onnx, mlp_onnx
 from runtimes.examples.reference import cnn_forward, mlp_forward
 from runtimes.examples.tflite_models import mlp_tflite
 from runtimes.examples.weights import MLP_SIZES, SEED, cnn_layers, mlp_layers
 from runtimes.golden import GOLDEN_FILE, GoldenSample
 
-EXAMPLE_MODELS = ("mlp", "cnn", "cnn_ir", "mlp_tflite")
+EXAMPLE_MODELS = ("mlp", "cnn", "cnn_ir", "mlp_tflite", "classifier")
 VERSION = "1"
 MLP_GOLDEN_ROWS = 8
 # The CNN is 50+ layers deep; float32 backends drift further from the float64 reference.
@@ -80,6 +81,9 @@ def write_example_repository(
                 (version_dir / "model.tflite").write_bytes(mlp_tflite(mlp))
                 mlp_golden.save(version_dir / GOLDEN_FILE)
                 description = "MLP 256-1024-1024-10 as a TFLite flatbuffer"
+            elif name == "classifier":
+                write_classifier(version_dir)
+                description = "JPEG -> top-5 labels: decode, resize, normalise, cnn, softmax"
             else:
                 convs, head = cnn_layers()
                 if cnn_golden is None:

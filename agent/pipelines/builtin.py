@@ -1,0 +1,241 @@
+"""The built-in steps, bound to their configuration: blocking functions of numpy arrays.
+
+Images travel between image steps as object arrays of Pillow images (sizes may differ until a
+resize); a numeric step stacks them into ``[N, H, W, C]`` uint8 first.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from agent.pipelines.errors import ImageTooLargeError, StepInputError
+from common.pipeline_config import (
+    Argmax,
+    Cast,
+    CenterCrop,
+    DecodeImage,
+    Layout,
+    Normalize,
+    Resize,
+    Softmax,
+    Threshold,
+    TopK,
+)
+from runtimes.datatypes import numpy_dtype
+
+Arrays = dict[str, np.ndarray]
+StepFn = Callable[[Arrays], Arrays]
+Builtin = DecodeImage | Resize | CenterCrop | Normalize | Layout | Cast | Softmax | Argmax
+BuiltinStep = Builtin | Threshold | TopK
+
+_RESAMPLE = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+}
+
+
+def bind(
+    name: str,
+    step: BuiltinStep,
+    version_dir: Path,
+    image_size: tuple[int, int] | None,
+    max_pixels: int,
+) -> StepFn:
+    """The step as a function; ``image_size`` (height, width) is the own model's image input
+    size, for a resize or crop that gives none.
+
+    Raises:
+        ValueError: the step cannot be bound (no size known, an unreadable labels file).
+    """
+    match step:
+        case DecodeImage():
+            return _one(step.input, step.output, lambda x: _decode(name, x, step.mode, max_pixels))
+        case Resize():
+            size = step.size or (None if step.shorter_side else image_size)
+            if size is None and step.shorter_side is None:
+                raise ValueError(f"step {name}: no size, and the model has no image input")
+            method = _RESAMPLE[step.resample]
+            return _one(
+                step.input, step.output, lambda x: _resize(name, x, size, step.shorter_side, method)
+            )
+        case CenterCrop():
+            crop = step.size or image_size
+            if crop is None:
+                raise ValueError(f"step {name}: no size, and the model has no image input")
+            return _one(step.input, step.output, lambda x: _crop(name, x, crop))
+        case Normalize():
+            mean = np.asarray(step.mean, np.float32)
+            std = np.asarray(step.std, np.float32)
+            scale = np.float32(step.scale)
+            return _one(
+                step.input,
+                step.output,
+                lambda x: ((_numeric(name, x) * scale - mean) / std).astype(np.float32),
+            )
+        case Layout():
+            order = (0, 3, 1, 2) if step.to == "NCHW" else (0, 2, 3, 1)
+            return _one(
+                step.input,
+                step.output,
+                lambda x: np.ascontiguousarray(_rank(name, _numeric(name, x), 4).transpose(order)),
+            )
+        case Cast():
+            dtype = numpy_dtype(step.datatype)
+            return _one(step.input, step.output, lambda x: _numeric(name, x).astype(dtype))
+        case Softmax():
+            return _one(step.input, step.output, lambda x: _softmax(_numeric(name, x)))
+        case Argmax():
+            return _one(
+                step.input,
+                step.output,
+                lambda x: np.argmax(_numeric(name, x), axis=-1).astype(np.int64),
+            )
+        case Threshold():
+            return _one(step.input, step.output, lambda x: _numeric(name, x) >= step.threshold)
+        case TopK():
+            labels = _labels(version_dir / step.labels_file) if step.labels_file else None
+            return lambda t: _topk(name, step, t[step.input], labels)
+    raise AssertionError(f"not a built-in step: {step!r}")
+
+
+def _one(source: str, target: str, fn: Callable[[np.ndarray], np.ndarray]) -> StepFn:
+    return lambda tensors: {target: fn(tensors[source])}
+
+
+def _decode(name: str, data: np.ndarray, mode: str, max_pixels: int) -> np.ndarray:
+    if data.dtype != object:
+        raise StepInputError(f"step {name}: expects BYTES (encoded images), got {data.dtype}")
+    out = np.empty(data.size, dtype=object)
+    for i, item in enumerate(data.reshape(-1)):
+        if not isinstance(item, bytes):
+            raise StepInputError(f"step {name}: element {i} is not bytes", field=name)
+        try:
+            with warnings.catch_warnings():
+                # NOTE: Pillow warns (DecompressionBombWarning) before our own limit applies
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                image = Image.open(io.BytesIO(item))
+            pixels = image.width * image.height  # from the header: nothing decoded yet
+            if pixels > max_pixels:
+                raise ImageTooLargeError(
+                    f"step {name}: image {i} is {image.width}x{image.height} = {pixels} pixels, "
+                    f"more than the limit of {max_pixels} (pipelines.max_image_pixels)",
+                    field=name,
+                )
+            if image.format not in ("JPEG", "PNG"):
+                raise StepInputError(
+                    f"step {name}: image {i} is {image.format}, not JPEG or PNG", field=name
+                )
+            out[i] = image.convert(mode)
+        except UnidentifiedImageError:
+            raise StepInputError(
+                f"step {name}: image {i} is not a JPEG or PNG image ({len(item)} bytes)",
+                field=name,
+            ) from None
+        except (OSError, ValueError, Image.DecompressionBombError) as exc:
+            raise StepInputError(
+                f"step {name}: image {i} cannot be decoded: {exc}", field=name
+            ) from None
+    return out
+
+
+def _images(name: str, x: np.ndarray) -> list[Image.Image]:
+    items = list(x.reshape(-1)) if x.dtype == object else []
+    if not items or not all(isinstance(i, Image.Image) for i in items):
+        raise StepInputError(f"step {name}: expects decoded images", field=name)
+    return items
+
+
+def _resize(
+    name: str,
+    x: np.ndarray,
+    size: tuple[int, int] | None,
+    shorter: int | None,
+    method: Image.Resampling,
+) -> np.ndarray:
+    out = np.empty(x.size, dtype=object)
+    for i, image in enumerate(_images(name, x)):
+        if size is not None:
+            height, width = size
+        else:
+            assert shorter is not None  # bound with one of the two
+            ratio = shorter / min(image.width, image.height)
+            width, height = round(image.width * ratio), round(image.height * ratio)
+        out[i] = image.resize((width, height), method)
+    return out
+
+
+def _crop(name: str, x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    height, width = size
+    out = np.empty(x.size, dtype=object)
+    for i, image in enumerate(_images(name, x)):
+        if image.width < width or image.height < height:
+            raise StepInputError(
+                f"step {name}: image {i} is {image.width}x{image.height}, smaller than the "
+                f"crop {width}x{height}",
+                field=name,
+            )
+        left, top = (image.width - width) // 2, (image.height - height) // 2
+        out[i] = image.crop((left, top, left + width, top + height))
+    return out
+
+
+def _numeric(name: str, x: np.ndarray) -> np.ndarray:
+    """``x`` itself, or its images stacked as ``[N, H, W, C]`` uint8."""
+    if x.dtype != object:
+        return x
+    arrays = [np.asarray(image) for image in _images(name, x)]
+    if len({a.shape for a in arrays}) > 1:
+        raise StepInputError(
+            f"step {name}: images differ in size ({sorted({a.shape for a in arrays})}); "
+            "resize them first",
+            field=name,
+        )
+    stacked = np.stack(arrays)
+    return stacked[..., None] if stacked.ndim == 3 else stacked
+
+
+def _rank(name: str, x: np.ndarray, rank: int) -> np.ndarray:
+    if x.ndim != rank:
+        raise StepInputError(f"step {name}: expects rank {rank}, got shape {list(x.shape)}")
+    return x
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    shifted = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    out: np.ndarray = (shifted / np.sum(shifted, axis=-1, keepdims=True)).astype(x.dtype)
+    return out
+
+
+def _topk(name: str, step: TopK, tensors: np.ndarray, labels: list[bytes] | None) -> Arrays:
+    x = _numeric(name, tensors)
+    k = min(step.k, x.shape[-1]) if x.ndim else 0
+    if k == 0:
+        raise StepInputError(f"step {name}: expects a tensor of scores, got a scalar")
+    # stable: equal scores keep the lower index first, the same answer as a reference sort
+    indices = np.argsort(-x, axis=-1, kind="stable")[..., :k].astype(np.int64)
+    out: Arrays = {}
+    if step.scores:
+        out[step.scores] = np.take_along_axis(x, indices, axis=-1)
+    if step.indices:
+        out[step.indices] = indices
+    if step.labels:
+        assert labels is not None  # the config requires labels_file with labels
+        table = np.array(labels + [b""], dtype=object)
+        picked = np.where(indices < len(labels), indices, len(labels))
+        out[step.labels] = table[picked]
+    return out
+
+
+def _labels(path: Path) -> list[bytes]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"labels file {path} cannot be read: {exc}") from exc
+    return [line.strip().encode() for line in text.splitlines()]
