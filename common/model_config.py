@@ -131,10 +131,8 @@ class ModelConfig(_Strict):
     """Free text shown in metadata."""
     placement: Pin | None = None
     """Pin the model to a runtime (and device) instead of the profile's preference order."""
-    instances: int = Field(default=0, ge=0, le=64)
-    """Parallel executors, each with its own session; CPU threads are split between them.
-    0 (the default) leaves the count to the agent: on a CPU one per core, at most 4, each
-    single-threaded; on another device one (:mod:`agent.inference.tuning`)."""
+    instances: int = Field(default=1, ge=1, le=64)
+    """Parallel executors, each with its own session; CPU threads are split between them."""
     evictable: bool = False
     """May be unloaded (when idle) to make room for another model within the memory budget."""
     memory_mb: int | None = Field(default=None, gt=0)

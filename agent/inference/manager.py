@@ -29,10 +29,10 @@ from agent.errors import (
     ModelNotFoundError,
     ModelNotReadyError,
 )
-from agent.inference.batcher import INLINE_MAX_S, Batcher, BatchObserver
+from agent.inference.batcher import Batcher, BatchObserver
 from agent.inference.priority import run_lowered
 from agent.inference.stats import VersionStats
-from agent.inference.tuning import BatchTuning, same_config, tune_batch_size, with_instances
+from agent.inference.tuning import BatchTuning, tune_batch_size
 from agent.inference.versions import (
     LoadedVersion,
     RuntimeFactory,
@@ -251,11 +251,7 @@ class ModelManager:
             entry.error = f"no version directory of {model_dir} matches the version policy"
             raise LoadError(f"model {model!r}: {entry.error}")
         entry.error = ""
-        keep = {
-            v: lv
-            for v, lv in entry.served.items()
-            if v in wanted and same_config(lv.config, config)
-        }
+        keep = {v: lv for v, lv in entry.served.items() if v in wanted and lv.config == config}
         fresh: dict[int, LoadedVersion] = {}
         try:
             for version in wanted:
@@ -297,13 +293,9 @@ class ModelManager:
             steps = pipeline_config(version_dir, config)
             model_file, fmt = find_model_file(version_dir)
             plan = self.hardware.plan(entry.name, fmt, config.placement)
-            settings = self.runtime_settings
-            # instances = 0: one per core on a CPU (the first candidate's device decides)
-            config = with_instances(
-                config, plan.placement.device, self.cpu_count, settings.intra_op_threads
-            )
             await self._make_room(entry.name, estimate_memory_bytes(version_dir, config), name)
             started = time.monotonic()
+            settings = self.runtime_settings
 
             def load(placement: Placement) -> tuple[list[Runtime], int, bool, BatchTuning | None]:
                 runtimes, rss_added = open_instances(
@@ -430,7 +422,6 @@ class ModelManager:
                 batched=batched,
                 observer=observer,
                 nice_offset=settings.compute_nice_offset,
-                inline_max_s=INLINE_MAX_S,
             ),
             memory_bytes=accounted_memory_bytes(version_dir, config, rss_added),
             load_s=load_s,
