@@ -20,6 +20,7 @@ from agent.inference.service import InferenceService
 from agent.inference.versions import RuntimeFactory
 from agent.metrics import AgentMetrics
 from agent.settings import AgentSettings, SettingsError
+from agent.shm.regions import SharedMemoryRegistry
 from agent.systemd import SystemdNotifier
 from common.logs import configure_logging
 from common.server import GracefulServer
@@ -60,7 +61,8 @@ def build_state(
         from agent.fleet.client import FleetClient
 
         fleet = FleetClient(settings.fleet, manager, hardware, accelerators, metrics)
-    return ApiState(service, manager, metrics, settings, fleet)
+    shared_memory = SharedMemoryRegistry(settings.shared_memory)
+    return ApiState(service, manager, metrics, settings, fleet, shared_memory=shared_memory)
 
 
 _HOW_TO_SET = "--model-repository DIR or EDGEFLEET_AGENT_MODEL_REPOSITORY"
@@ -147,8 +149,14 @@ def server_config(settings: AgentSettings, state: ApiState) -> uvicorn.Config:
     body_budget = settings.max_inflight_body_bytes or default_body_budget_bytes(
         state.manager.hardware.memory_budget_bytes, settings.max_request_bytes
     )
+    app = create_app(state)
+    if settings.grpc.enabled and state.shared_memory is not None:
+        # imported here: an agent without gRPC never loads grpcio
+        from agent.grpc.server import GrpcServer, WithGrpc
+
+        app = WithGrpc(app, GrpcServer(state, state.shared_memory))
     return uvicorn.Config(
-        create_app(state),
+        app,
         loop="uvloop",
         http=protocol_class(
             HttpLimits(

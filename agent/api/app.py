@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from agent.api import repository, tfserving, v2
+from agent.api import repository, sharedmemory, tfserving, v2
 from agent.api.access import ApiKeys, RateLimiter
 from agent.api.admission import Admission
 from agent.api.context import RequestContext
@@ -69,6 +69,7 @@ def create_app(state: ApiState) -> ASGIApp:
     app.include_router(v2.router)
     app.include_router(tfserving.router)
     app.include_router(repository.router)
+    app.include_router(sharedmemory.router)
     # Handlers for the domain errors answer and carry on; a handler for Exception itself
     # runs in Starlette's ServerErrorMiddleware, which re-raises and drops the connection.
     for cls in HANDLED:

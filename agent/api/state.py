@@ -9,6 +9,7 @@ from agent.inference.manager import ModelManager
 from agent.inference.service import InferenceService
 from agent.metrics import AgentMetrics
 from agent.settings import AgentSettings
+from agent.shm.regions import SharedMemoryRegistry
 
 if TYPE_CHECKING:  # the fleet client (MQTT, signatures) is imported only when it is enabled
     from agent.fleet.client import FleetClient
@@ -21,6 +22,8 @@ class ApiState:
     metrics: AgentMetrics
     settings: AgentSettings
     fleet: FleetClient | None = None
+    shared_memory: SharedMemoryRegistry | None = None
+    """Registered system shared memory regions (HTTP and gRPC share them)."""
     loaded: bool = False
     """The start-up load of the repository has finished."""
 

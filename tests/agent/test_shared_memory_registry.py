@@ -1,0 +1,101 @@
+"""The shared memory registry's checks, on real POSIX shared memory objects in /dev/shm."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from multiprocessing import shared_memory
+
+import numpy as np
+import pytest
+
+from agent.shm.regions import (
+    RegionGoneError,
+    RegionLimitError,
+    RegionNotFoundError,
+    RegionPermissionError,
+    SharedMemoryError,
+    SharedMemoryRegistry,
+)
+from agent.shm.settings import SharedMemorySettings
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def segment() -> Iterator[shared_memory.SharedMemory]:
+    made = shared_memory.SharedMemory(f"edgefleet-t-{uuid.uuid4().hex[:10]}", True, 4096)
+    yield made
+    made.close()
+    made.unlink()
+
+
+def registry(**settings: object) -> SharedMemoryRegistry:
+    return SharedMemoryRegistry(SharedMemorySettings(**settings))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("key", ["/a/b", "../shm/x", "/..", "", "/", "a\0b", "/dev/shm/x"])
+def test_keys_are_confined_to_the_root(key: str) -> None:
+    with pytest.raises(SharedMemoryError, match="not a POSIX shared memory name"):
+        registry().register("r", key, 0, 8)
+
+
+def test_a_missing_object_is_refused() -> None:
+    with pytest.raises(SharedMemoryError, match="cannot open"):
+        registry().register("r", f"/edgefleet-none-{uuid.uuid4().hex}", 0, 8)
+
+
+def test_ranges_stay_within_the_object(segment: shared_memory.SharedMemory) -> None:
+    shm = registry()
+    with pytest.raises(SharedMemoryError, match="past the end"):
+        shm.register("r", segment.name, 4000, 200)
+    region = shm.register("r", "/" + segment.name, 96, 4000)
+    with pytest.raises(SharedMemoryError, match="outside region"):
+        region.view(3999, 2, "t")
+    segment.buf[96:100] = b"abcd"
+    assert bytes(region.view(0, 4, "t")) == b"abcd"  # offsets count from the region's start
+
+
+def test_registrations_are_limited(segment: shared_memory.SharedMemory) -> None:
+    shm = registry(max_regions=2, max_total_bytes=3000)
+    shm.register("a", segment.name, 0, 1000)
+    with pytest.raises(RegionLimitError, match="max_total_bytes"):
+        shm.register("b", segment.name, 0, 2001)
+    shm.register("b", segment.name, 0, 2000)
+    with pytest.raises(RegionLimitError, match="max_regions"):
+        shm.register("c", segment.name, 0, 1)
+    shm.unregister("a")
+    shm.register("c", segment.name, 0, 1)
+    assert [r["name"] for r in shm.status(None)] == ["b", "c"]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another user needs root")
+def test_only_the_agents_user_or_group_may_register(segment: shared_memory.SharedMemory) -> None:
+    path = f"/dev/shm/{segment.name}"
+    os.chown(path, NOBODY, NOBODY)
+    with pytest.raises(RegionPermissionError, match="belongs to another user"):
+        registry().register("r", segment.name, 0, 8)
+    assert registry(allowed_group=str(NOBODY)).register("r", segment.name, 0, 8).byte_size == 8
+
+
+def test_unregistering_a_leased_region_defers_the_unmap(
+    segment: shared_memory.SharedMemory,
+) -> None:
+    shm = registry()
+    shm.register("r", segment.name, 0, 4096)
+    lease = shm.lease()
+    view = np.frombuffer(lease.take("r", "t").view(0, 16, "t"), np.uint8)
+    segment.buf[0] = 7
+    shm.unregister("r")
+    assert view[0] == 7  # still mapped under the request that holds it
+    with pytest.raises(RegionGoneError, match="unregistered while the request used it"):
+        lease.check()
+    lease.release()
+    with pytest.raises(RegionNotFoundError):
+        shm.lease().take("r", "t")
+
+
+def test_off_refuses_registration(segment: shared_memory.SharedMemory) -> None:
+    with pytest.raises(SharedMemoryError, match="shared_memory.enabled"):
+        registry(enabled=False).register("r", segment.name, 0, 8)
