@@ -72,6 +72,15 @@ form its next batch and hand it over, a while when the loop is receiving a 600 K
 Only a full batch (a request, without batching) is queued so: under load batches still grow
 while every instance computes."""
 
+INLINE_MAX_S = 0.0005
+"""A lone request (nothing else queued or running) whose shapes ran in less than this is run
+on the event loop, not handed to an instance's thread: the hand-off there and back (a thread
+woken, then the loop) cost ``mlp`` (0.1 ms) about a fifth of its round trip at one client,
+where a hand-written endpoint calls the session on its loop. A longer run would hold up the
+requests the loop reads meanwhile, and under load requests queue, and batches go to threads."""
+MAX_SHAPES_TIMED = 64
+"""Shapes whose lone compute time is remembered (for running on the event loop)."""
+
 log = logging.getLogger("edgefleet.agent.batcher")
 
 
@@ -123,9 +132,12 @@ class Batcher:
         batched: bool,
         observer: BatchObserver | None = None,
         nice_offset: int = 0,
+        inline_max_s: float = 0.0,
     ) -> None:
         """``nice_offset``: the instances' threads run that many nice steps below the event
-        loop (:mod:`agent.inference.priority`)."""
+        loop (:mod:`agent.inference.priority`). ``inline_max_s``: a lone request whose shape
+        ran in less than this (measured) is run on the event loop when nothing else is
+        queued or running (0: never)."""
         self.name = name
         self.config = config
         self.batched = batched and config.max_batch_size > 0
@@ -169,6 +181,9 @@ class Batcher:
         self._hold_until: float | None = None
         self._hold_rows = 0
         self._rerun_batches = 0
+        self._inline_max_s = inline_max_s
+        self._alone_s: dict[tuple[object, ...], float] = {}
+        """Smoothed compute seconds of a lone request, by its shapes (:func:`shape_key`)."""
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -359,6 +374,13 @@ class Batcher:
             if items[0].future.done():
                 return
             batch = _Batch(items, items[0].rows)
+            if (
+                self._busy == 0
+                and self._pending == 0
+                and self._alone_s.get(items[0].key, math.inf) < self._inline_max_s
+            ):
+                self._run_inline(batch)
+                return
         else:
             live = [i for i in items if not i.future.done()]
             if not live:
@@ -585,6 +607,24 @@ class Batcher:
         except Exception as exc:  # a backend failing to close must not end the thread silently
             log.warning("an inference instance did not close", extra={"error": repr(exc)})
 
+    def _run_inline(self, batch: _Batch) -> None:
+        """Run a lone request on the event loop: for a model of microseconds, the hand-off to
+        a thread and back (two wake-ups) costs more than the model."""
+        self._dispatched.append(batch)
+        self._busy += 1
+        self._all_answered.clear()
+        batch.state = _STARTED
+        batch.started = time.monotonic()
+        try:
+            batch.ran = run_batch(
+                self.name, self._runtimes[0], [batch.items[0].inputs], [batch.rows]
+            )
+        except Exception as exc:  # run_batch answers every error; this is a bug of ours
+            error = InferenceFailedError(f"{self.name}: {exc!r}")
+            batch.ran = Ran([error], [(batch.rows, time.monotonic() - batch.started)])
+        batch.compute_s = time.monotonic() - batch.started
+        self._finished(batch)
+
     def _finished(self, batch: _Batch) -> None:
         """A thread ran ``batch``: the next one starts before its answers are written, which
         go out in dispatch order with ``preserve_ordering``."""
@@ -593,6 +633,8 @@ class Batcher:
         assert ran is not None
         self._last_rows = batch.rows
         self._learn(batch.rows, batch.compute_s)
+        if self._inline_max_s and len(batch.items) == 1:
+            self._learn_alone(batch.items[0].key, batch.compute_s)
         if len(ran.runs) > 1:
             self._rerun_batches += 1
         if self._observer is not None:
@@ -635,6 +677,12 @@ class Batcher:
             item.future.set_result(
                 ItemResult(result, batch.started - item.enqueued, batch.compute_s, batch_rows)
             )
+
+    def _learn_alone(self, key: tuple[object, ...], compute_s: float) -> None:
+        known = self._alone_s.get(key)
+        if known is None and len(self._alone_s) >= MAX_SHAPES_TIMED:
+            self._alone_s.clear()  # dynamic shapes without end: start again
+        self._alone_s[key] = compute_s if known is None else known + 0.2 * (compute_s - known)
 
     def _learn(self, rows: int, compute_s: float) -> None:
         self._batch_s += 0.2 * (compute_s - self._batch_s)

@@ -1,4 +1,11 @@
-"""Batch size tuned at load: whether, on this device, a batch costs less per row than one row.
+"""Chosen at load on the device: the number of instances, and whether a batch costs less per
+row than one row (the batch size).
+
+A model's config may leave its instance count to the agent (``instances = 0``, the default):
+on a CPU each instance then gets one core, up to :data:`MAX_AUTO_INSTANCES`
+(:func:`with_instances`). On two cores, two single-threaded sessions serve ``cnn`` faster than
+one session of two threads, whose threads wait on each other inside every operator of a small
+batch (benchmarks/findings.md); a device (GPU, NPU) gets one.
 
 Whether batching pays depends on the model and the device, not on the model alone. A small
 dense model is dominated by the cost of a call, and batches of 32 run at many times the rate of
@@ -26,10 +33,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from common.model_config import BatchingConfig
+from common.model_config import BatchingConfig, ModelConfig
 from runtimes.base import Runtime
 from runtimes.errors import RuntimeFailure
 
+MAX_AUTO_INSTANCES = 4
+"""Most instances chosen at load: each holds its own copy of the model's weights."""
 MIN_GAIN = 0.05
 """A step to the next batch size must raise rows per second by this fraction to be taken:
 forming batches costs the event loop a little, and each request waits for the others' rows."""
@@ -68,6 +77,29 @@ class BatchTuning:
             "rows_per_s": {str(b): round(r, 1) for b, r in sorted(self.rows_per_s.items())},
             "elapsed_s": round(self.elapsed_s, 3),
         } | ({"failed": {str(b): e for b, e in self.failed.items()}} if self.failed else {})
+
+
+def with_instances(
+    config: ModelConfig, device: str, cpus: int, intra_op_threads: int = 0
+) -> ModelConfig:
+    """``config`` with its instance count chosen where it leaves it to the agent (0): on a CPU
+    one per ``intra_op_threads`` (one when 0) of the ``cpus`` usable, at most
+    :data:`MAX_AUTO_INSTANCES`; on another device one. The threads are split between the
+    instances when they load (:func:`agent.inference.versions.open_instances`)."""
+    if config.instances:
+        return config
+    count = 1
+    if device.upper() == "CPU":
+        count = max(1, min(MAX_AUTO_INSTANCES, cpus // max(intra_op_threads, 1)))
+    return config.model_copy(update={"instances": count})
+
+
+def same_config(served: ModelConfig, asked: ModelConfig) -> bool:
+    """Whether a version served with ``served`` (its instance count chosen) serves what
+    ``asked`` asks for, so that a reload keeps it."""
+    if not asked.instances:
+        asked = asked.model_copy(update={"instances": served.instances})
+    return served == asked
 
 
 def sizes_up_to(limit: int) -> list[int]:
