@@ -1,0 +1,181 @@
+"""Python steps: run in a worker process with limits; a crash, a hang, an error or a memory
+blow-up fails that request only, and the agent (and the step) go on serving."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.pipelines.settings import PipelineSettings, PythonSteps
+from agent.pipelines.version import python_refusal
+from common.pipeline_config import parse_pipeline
+from tests.agent.server import RunningAgent, copy_models
+from tests.pipelines.agent import serve_pipelines
+
+STEPS = """\
+inputs = [{ name = "x", datatype = "FP32", shape = [-1, 256] }]
+outputs = [
+    { name = "own", datatype = "FP32", shape = [-1, 10] },
+    { name = "named", datatype = "FP32", shape = [-1, 10] },
+]
+
+[[steps]]
+name = "scale"
+kind = "python"
+file = "scale.py"
+inputs = { x = "x" }
+outputs = { y = "scaled" }
+parameters = { factor = 2.0 }
+timeout_s = 2.0
+
+[[steps]]
+name = "own"          # this version's model file
+kind = "model"
+inputs = { input = "scaled" }
+outputs = { logits = "own" }
+
+[[steps]]
+name = "named"        # another served model: an ensemble
+kind = "model"
+model = "mlp"
+inputs = { input = "scaled" }
+outputs = { logits = "named" }
+"""
+
+# What the first value of the request asks the step to do.
+SCALE_PY = """\
+import os
+import time
+
+import numpy as np
+
+factor = 1.0
+
+
+def setup(parameters):
+    global factor
+    factor = float(parameters["factor"])
+
+
+def process(inputs):
+    x = inputs["x"]
+    first = float(x[0, 0])
+    print("a print goes to the agent's stderr, not into the answer")
+    if first == 7:
+        raise ValueError("row 0 starts with 7")
+    if first == 13:
+        os.abort()
+    if first == 42:
+        time.sleep(3600)
+    if first == 99:
+        np.ones(2**31)  # 16 GiB: past the worker's memory limit
+    return {"y": x * np.float32(factor)}
+"""
+
+
+def _write(repo: Path, example_repo: Path) -> Path:
+    copy_models(example_repo, repo, "mlp")
+    version = repo / "scaled" / "1"
+    version.mkdir(parents=True)
+    shutil.copy(example_repo / "mlp/1/model.onnx", version / "model.onnx")
+    (version / "pipeline.toml").write_text(STEPS)
+    (version / "scale.py").write_text(SCALE_PY)
+    return version
+
+
+@pytest.fixture(scope="module")
+def agent(example_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
+    repo = tmp_path_factory.mktemp("repo")
+    _write(repo, example_repo)
+    settings = {"python_steps": "any", "python_worker_memory_mb": 768}
+    with serve_pipelines(repo, pipelines=settings) as running:
+        yield running
+
+
+def _tensor(x: np.ndarray) -> dict[str, object]:
+    return {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}
+
+
+def _call(agent: RunningAgent, first: float) -> tuple[int, dict[str, object]]:
+    x = np.linspace(-1, 1, 2 * 256, dtype=np.float32).reshape(2, 256)
+    x[0, 0] = first
+    response = agent.client.post("/v2/models/scaled/infer", json={"inputs": [_tensor(x)]})
+    return response.status_code, response.json()
+
+
+def _serves(agent: RunningAgent) -> None:
+    status, doc = _call(agent, 0.5)
+    assert status == 200, doc
+    x = np.linspace(-1, 1, 2 * 256, dtype=np.float32).reshape(2, 256)
+    x[0, 0] = 0.5
+    direct = agent.infer_json("mlp", 2 * x).json()["outputs"][0]["data"]
+    outputs = {o["name"]: o["data"] for o in doc["outputs"]}  # type: ignore[union-attr]
+    np.testing.assert_allclose(outputs["own"], direct, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outputs["named"], direct, rtol=1e-5, atol=1e-5)
+
+
+def test_python_step_then_own_and_named_model(agent: RunningAgent) -> None:
+    _serves(agent)
+
+
+def test_a_step_that_raises_is_a_422_with_its_message(agent: RunningAgent) -> None:
+    status, doc = _call(agent, 7)
+    assert status == 422
+    assert doc["error"] == "step scale: ValueError: row 0 starts with 7"
+    _serves(agent)
+
+
+def test_a_crash_is_a_502_and_the_worker_is_replaced(agent: RunningAgent) -> None:
+    status, doc = _call(agent, 13)
+    assert status == 502
+    assert "killed by SIGABRT" in str(doc["error"]) and "step scale" in str(doc["error"])
+    _serves(agent)
+
+
+@pytest.mark.slow
+def test_a_hang_is_a_504_and_the_worker_is_replaced(agent: RunningAgent) -> None:
+    status, doc = _call(agent, 42)
+    assert status == 504
+    assert "step scale: passed its timeout of 2 s; worker replaced" == doc["error"]
+    _serves(agent)
+
+
+def test_memory_past_the_workers_limit_fails_the_request(agent: RunningAgent) -> None:
+    status, doc = _call(agent, 99)
+    assert status == 422
+    assert "MemoryError" in str(doc["error"])
+    _serves(agent)
+
+
+def test_python_steps_are_off_by_default(example_repo: Path, tmp_path: Path) -> None:
+    _write(tmp_path, example_repo)
+    with serve_pipelines(tmp_path) as agent:
+        rows = {r["name"]: r for r in agent.client.post("/v2/repository/index").json()}
+        assert rows["scaled"]["state"] == "UNAVAILABLE"
+        assert "pipelines.python_steps is off" in rows["scaled"]["reason"]
+        assert agent.infer_json("mlp", np.zeros((1, 256))).status_code == 200
+
+
+def test_verified_means_installed_by_the_fleet_and_unchanged(
+    example_repo: Path, tmp_path: Path
+) -> None:
+    version = _write(tmp_path, example_repo)
+    steps = parse_pipeline(STEPS, "pipeline.toml")
+    verified = PipelineSettings(python_steps=PythonSteps.VERIFIED)
+    assert python_refusal(steps, version, verified, verified=True) is None  # staged by the fleet
+    assert "verified manifest" in str(python_refusal(steps, version, verified, verified=False))
+    digests = {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in version.iterdir()
+    }  # what the fleet store writes at an install
+    (version / ".digests.json").write_text(json.dumps(digests))
+    assert python_refusal(steps, version, verified, verified=False) is None
+    (version / "scale.py").write_text(SCALE_PY + "\nimport os; os.system('true')\n")
+    assert python_refusal(steps, version, verified, verified=False) is not None
+    off = PipelineSettings()
+    assert python_refusal(steps, version, off, verified=True) == "pipelines.python_steps is off"
