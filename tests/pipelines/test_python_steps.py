@@ -8,6 +8,7 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -102,7 +103,7 @@ def _tensor(x: np.ndarray) -> dict[str, object]:
     return {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}
 
 
-def _call(agent: RunningAgent, first: float) -> tuple[int, dict[str, object]]:
+def _call(agent: RunningAgent, first: float) -> tuple[int, dict[str, Any]]:
     x = np.linspace(-1, 1, 2 * 256, dtype=np.float32).reshape(2, 256)
     x[0, 0] = first
     response = agent.client.post("/v2/models/scaled/infer", json={"inputs": [_tensor(x)]})
@@ -115,7 +116,7 @@ def _serves(agent: RunningAgent) -> None:
     x = np.linspace(-1, 1, 2 * 256, dtype=np.float32).reshape(2, 256)
     x[0, 0] = 0.5
     direct = agent.infer_json("mlp", 2 * x).json()["outputs"][0]["data"]
-    outputs = {o["name"]: o["data"] for o in doc["outputs"]}  # type: ignore[union-attr]
+    outputs = {o["name"]: o["data"] for o in doc["outputs"]}
     np.testing.assert_allclose(outputs["own"], direct, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(outputs["named"], direct, rtol=1e-5, atol=1e-5)
 
