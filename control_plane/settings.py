@@ -120,6 +120,9 @@ class ControlPlaneSettings(BaseSettings):
     validation_atol: float = Field(default=1e-3, gt=0)
     accuracy_margin: float = Field(default=0.01, ge=0)
     """A version's accuracy may be at most this much below the production version's."""
+    console_live_interval_s: float = Field(default=5.0, gt=0)
+    """How often an open telemetry page of the console (``/ui/telemetry``) gets a live point:
+    each costs a /metrics render and a small page of telemetry windows per chart."""
     log_level: str = "INFO"
     enrolment: EnrolmentSettings = EnrolmentSettings()
     """Zero-touch provisioning: where claimed devices get their broker user (docs/enrolment.md)."""

@@ -1,7 +1,7 @@
 """Telemetry charts per model version: the last hour from the API's telemetry windows, then a
-point every ``TICK_S`` over server-sent events. Requests and errors of the live points come from
-the API's /metrics counters, whose cost does not grow with the fleet's message rate; their p50
-and p99 from a bounded page of the tick's newest windows."""
+point every ``console_live_interval_s`` over server-sent events. Requests and errors of the
+live points come from the API's /metrics counters, whose cost does not grow with the fleet's
+message rate; their p50 and p99 from a bounded page of the tick's newest windows."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from fastapi import APIRouter, Query, Request
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.responses import Response, StreamingResponse
 
+from control_plane.api.deps import services
 from control_plane.console import views
 from control_plane.console.sessions import secure_headers
 from control_plane.console.web import OPERATOR, BadForm, Operator, render
@@ -23,12 +24,10 @@ from control_plane.console.web import OPERATOR, BadForm, Operator, render
 router = APIRouter(prefix="/ui", include_in_schema=False)
 MODEL_VERSIONS = Query(default=[], description="model:version; repeat for several")
 
-TICK_S = 2.0
-"""Seconds between two live points."""
 HISTORY_BUCKET_S = 60.0
 HISTORY_WINDOWS = 10_000
 """Telemetry windows read for the last hour (the API's largest page)."""
-TICK_WINDOWS = 200
+TICK_WINDOWS = 50
 """Newest windows a live point's p50 and p99 are taken from."""
 STREAM_S = 300.0
 """A stream ends after this long; the browser's EventSource reconnects by itself, and a
@@ -91,13 +90,14 @@ async def _metrics(request: Request) -> str:
 async def _points(
     request: Request, who: Operator, chosen: list[tuple[str, int]]
 ) -> AsyncIterator[bytes]:
+    tick_s = services(request).settings.console_live_interval_s
     yield b"retry: 2000\n\n"
     before = _counters(await _metrics(request))
     last = time.monotonic()
     started = last
     # the response cancels this generator when the browser goes away
     while last - started < STREAM_S:
-        await asyncio.sleep(TICK_S)
+        await asyncio.sleep(tick_s)
         now = time.monotonic()
         counts = _counters(await _metrics(request))
         for model, version in chosen:

@@ -41,7 +41,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, example_repo: Path) -> Itera
         stack.callback(broker.stop)
         cp = stack.enter_context(
             control_plane(
-                tmp / "cp-state", f"sqlite+aiosqlite:///{tmp}/cp.db", broker.url, free_port()
+                tmp / "cp-state",
+                f"sqlite+aiosqlite:///{tmp}/cp.db",
+                broker.url,
+                free_port(),
+                console_live_interval_s=0.5,
             )
         )
         agents = {}
