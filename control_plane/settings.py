@@ -88,6 +88,9 @@ class ControlPlaneSettings(BaseSettings):
     maintenance_interval_s: float = Field(default=60.0, gt=0)
     rollout_tick_s: float = Field(default=1.0, gt=0)
     """How often rollouts check timers (bake times, device timeouts); events act at once."""
+    deployment_tick_s: float = Field(default=5.0, gt=0)
+    """How often continuous deployments look for devices out of compliance (that joined, or
+    were relabelled) to give a rollout of their own."""
     ingest_batch_size: int = Field(default=500, gt=0)
     ingest_max_delay_s: float = Field(default=0.2, gt=0)
     """Longest a device event or status waits to be written with others."""

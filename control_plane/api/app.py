@@ -20,6 +20,7 @@ from control_plane.api import admin, fleet, models
 from control_plane.api.auth import bootstrap_admin
 from control_plane.api.deps import Services, handle_error, json_response
 from control_plane.console.web import mount as mount_console
+from control_plane.deployments import api as deployments_api
 from control_plane.enrolment import api as enrolment_api
 from control_plane.errors import ControlPlaneError
 from control_plane.ingest import retention
@@ -58,6 +59,7 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
             asyncio.create_task(svc.bus.run(), name="mqtt"),
             asyncio.create_task(svc.ingestor.run(), name="ingest"),
             asyncio.create_task(svc.engine.run(), name="rollouts"),
+            asyncio.create_task(app.state.deployments.run(), name="deployments"),
             asyncio.create_task(retention.run(svc.sessions, svc.settings), name="maintenance"),
         ]
         try:
@@ -82,6 +84,7 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
     app.include_router(fleet.router)
     app.include_router(admin.router)
     enrolment_api.attach(app, svc)
+    deployments_api.attach(app, svc)
     app.add_exception_handler(ControlPlaneError, handle_error)
     app.add_exception_handler(RequestValidationError, handle_error)
     app.add_exception_handler(DBAPIError, handle_error)  # 503 while the database is away

@@ -245,6 +245,7 @@ def rollout_doc(r: Rollout) -> dict[str, Any]:
         "gates": r.gates,
         "gate_report": r.gate_report,
         "created_by": r.created_by,
+        "deployment_id": r.deployment_id,
         "created_at": stored_utc(r.created_at).isoformat(),
         "updated_at": stored_utc(r.updated_at).isoformat(),
         "devices": [

@@ -25,7 +25,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -91,7 +91,16 @@ class RolloutEngine:
 
     # -- operator actions -------------------------------------------------------------------
 
-    async def create(self, spec: RolloutSpec, user: str) -> int:
+    async def create(
+        self,
+        spec: RolloutSpec,
+        user: str,
+        *,
+        only: Collection[str] | None = None,
+        deployment_id: int | None = None,
+    ) -> int:
+        """Plan and start a rollout (see :func:`plan_rollout` for ``only`` and
+        ``deployment_id``); return its id."""
         async with self._lock, self.sessions.begin() as session:
             rollout_id = await plan_rollout(
                 session,
@@ -99,6 +108,8 @@ class RolloutEngine:
                 user,
                 artifact_base_url=self.artifact_base_url,
                 manifest_ttl_s=self.manifest_ttl_s,
+                only=only,
+                deployment_id=deployment_id,
             )
         await self.step(rollout_id)
         return rollout_id

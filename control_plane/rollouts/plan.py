@@ -4,6 +4,7 @@ and the manifest stored once for every device (:meth:`RolloutEngine.create
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import UTC, datetime
 
 from sqlalchemy import select
@@ -27,9 +28,13 @@ async def plan_rollout(
     *,
     artifact_base_url: str,
     manifest_ttl_s: float,
+    only: Collection[str] | None = None,
+    deployment_id: int | None = None,
 ) -> int:
     """Add a running rollout of ``spec`` and a pending row per device of its waves, in
-    ``session``'s transaction; return its id.
+    ``session``'s transaction; return its id. ``only``: of the matching devices, these alone
+    (a continuous deployment's devices that joined later); ``deployment_id``: the deployment
+    that starts it.
 
     Raises:
         NotFound: no such model version.
@@ -48,6 +53,8 @@ async def plan_rollout(
             f"{spec.model} v{spec.version} is archived; set another stage to roll it out"
         )
     targets = await matching_devices(session, spec)
+    if only is not None:
+        targets = [d for d in targets if d.id in only]
     if not targets:
         raise Invalid("selector: no device matches the selector and profiles")
     await refuse_overlap(session, spec.model, [d.id for d in targets])
@@ -75,6 +82,7 @@ async def plan_rollout(
         created_by=user,
         created_at=now,
         updated_at=now,
+        deployment_id=deployment_id,
     )
     session.add(rollout)
     await session.flush()

@@ -56,6 +56,7 @@ def cp(tmp_path: Path, dynsec_broker: Mosquitto) -> Iterator[RunningControlPlane
         mqtt_username=CONTROL_PLANE_USER,
         mqtt_password=CP_PASSWORD,
         enrolment=EnrolmentSettings(accounts=AccountsKind.DYNSEC, pending_retry_s=0.2),
+        deployment_tick_s=0.2,
     ) as running:
         yield running
 

@@ -67,8 +67,8 @@ def test_claims_refuse_with_a_reason(cp: RunningControlPlane) -> None:
 
     resp = cp.admin.post("/api/v1/enrol", json={"claim": once, "device_id": "a/b"})
     assert resp.status_code == 400 and "device_id" in resp.json()["error"]
-    viewer = cp.client(cp.token("viewer"))
-    assert viewer.post("/api/v1/claims", json={"name": "x"}).status_code == 403
+    with cp.client(cp.token("viewer")) as viewer:
+        assert viewer.post("/api/v1/claims", json={"name": "x"}).status_code == 403
 
 
 def test_the_agent_stops_at_a_refusal(cp: RunningControlPlane, tmp_path: Path) -> None:
