@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Page, expect, sync_playwright
 
 from benchmarks.fleet import phases
 from benchmarks.fleet.measure import Fleet, start_fleet
@@ -103,9 +103,8 @@ def cpu_overhead(
         t = cp.cpu_times()
         cpu0 = t.user + t.system
         page.goto(base + "/ui/telemetry")
-        page.wait_for_function(
-            "[...document.querySelectorAll('.latest')].every(e => e.textContent.includes('req/s'))"
-        )
+        for latest in page.locator(".latest").all():  # every chart has its first point
+            expect(latest).to_contain_text("req/s", timeout=60_000)
         t = cp.cpu_times()
         opening.append(t.user + t.system - cpu0)
         with_page.append(ingest_phase(fleet, cp, rate_per_s, args.phase_s))

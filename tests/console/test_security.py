@@ -146,11 +146,3 @@ def test_a_viewer_action_is_refused_by_the_api(fleet: Fleet) -> None:
     with closing(logged_in(fleet, fleet.viewer_token)) as client:
         resp = client.post("/ui/rollouts/1/pause", data={"csrf": csrf_of(client)})
     assert resp.status_code == 403 and "this needs the operator role" in resp.text
-
-
-def test_static_files_ship_with_the_package() -> None:
-    from importlib.resources import files
-
-    static = files("control_plane.console") / "static"
-    for name in ("htmx.min.js", "uPlot.iife.min.js", "uPlot.min.css", "charts.js", "console.css"):
-        assert (static / name).is_file(), name
