@@ -155,11 +155,12 @@ def register_control_plane(root: click.Group) -> None:
 
 
 def register_operator_commands(root: click.Group) -> None:
-    from control_plane.deployments.cli import register_deployment_commands
+    from control_plane.deployments.cli import register_deployment_commands, register_window_commands
     from control_plane.enrolment.cli import register_enrolment_commands
 
     register_enrolment_commands(root)
     register_deployment_commands(root)
+    register_window_commands(root)
     models = subgroup(root, "models", "Model repositories and the model registry.")
     rollouts = subgroup(root, "rollouts", "Staged rollouts.")
     devices = subgroup(root, "devices", "The device inventory.")

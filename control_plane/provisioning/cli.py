@@ -228,6 +228,33 @@ def register_fleet(root: click.Group) -> None:
             f"{certs} certificate(s) revoked"
         )
 
+    @fleet.command("dynsec-config")
+    @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
+    @click.option("--topic-prefix", default="edgefleet", show_default=True)
+    @STATE_DIR
+    @os_failures
+    def dynsec_config(out: Path, topic_prefix: str, state_dir: Path) -> None:
+        """Write the first file of Mosquitto's dynamic security plugin: the control plane's
+        broker user (its password kept in the state directory), which administers the plugin
+        and so creates the users of devices enrolled by claim (docs/enrolment.md)."""
+        from common.files import write_atomically
+        from common.protocol.topics import Topics
+        from control_plane.enrolment.dynsec import initial_config
+        from control_plane.provisioning.acl import CONTROL_PLANE_USER
+        from control_plane.provisioning.mosquitto import FleetAccess
+
+        access = FleetAccess(state_dir, Topics(topic_prefix))
+        service = access.service(CONTROL_PLANE_USER)
+        doc = initial_config(access.topics, service.password_file.read_text())
+        write_atomically(out, json.dumps(doc, indent=1).encode())  # mode 0600: hashes
+        click.echo(f"wrote {out}")
+        click.echo(
+            f"mosquitto.conf: plugin_opt_config_file {out.resolve()} and plugin "
+            "<the mosquitto_dynamic_security.so of `dpkg -L mosquitto`>; control plane: "
+            f"mqtt_username = {service.user!r}, mqtt_password_file = {service.password_file}, "
+            'enrolment.accounts = "dynsec"'
+        )
+
     @fleet.command("mosquitto-config")
     @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
     @click.option("--port", type=PORT, default=1883, show_default=True)
@@ -335,4 +362,4 @@ def register_fleet(root: click.Group) -> None:
         token = fleet_dir.first_tokens(str(settings["db_url"]))
         click.echo(fleet_dir.summary(token, settings, tls=opts["tls"]))
 
-    del fleet, add_device, revoke_device, mosquitto_config, init
+    del fleet, add_device, revoke_device, dynsec_config, mosquitto_config, init

@@ -52,6 +52,7 @@ from control_plane.rollouts.states import (
     DeviceRolloutState,
     RolloutState,
 )
+from control_plane.rollouts.windows import held_devices, held_reason
 from control_plane.signing.keys import KeyRing
 
 log = logging.getLogger("edgefleet.control_plane.rollouts")
@@ -347,11 +348,20 @@ class RolloutEngine:
     async def _run_waves(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
         gates = Gates.model_validate(rollout.gates)
         wave_devices = [d for d in rollout.devices if d.wave == rollout.current_wave]
-        if rollout.wave_started_at is None:
-            loaded = await _load_devices(session, [rd.device_id for rd in wave_devices])
-            for rd in wave_devices:
-                await self._send(session, rollout, rd, now)
+        unsent = [rd for rd in wave_devices if rd.state is DeviceRolloutState.PENDING]
+        if unsent:  # the wave's devices, as their maintenance windows let them start
+            held = await held_devices(session, [rd.device_id for rd in unsent], now)
+            sent = [rd.device_id for rd in unsent if rd.device_id not in held]
+            loaded = await _load_devices(session, sent)
+            for rd in unsent:
+                if rd.device_id in held:
+                    reason = held_reason(*held[rd.device_id])
+                    if rd.reason != reason:
+                        rd.reason, rd.updated_at = reason, now
+                else:
+                    await self._send(session, rollout, rd, now)
             del loaded
+        if rollout.wave_started_at is None:
             rollout.wave_started_at = now
             log.info(
                 "wave started",

@@ -5,7 +5,6 @@ it, and agents that start with nothing but a claim token."""
 from __future__ import annotations
 
 import glob
-import json
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -13,17 +12,16 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
 from agent.fleet.settings import FleetSettings
-from common.protocol.topics import Topics
-from control_plane.enrolment.dynsec import initial_config
+from common.cli import root
 from control_plane.enrolment.settings import AccountsKind, EnrolmentSettings
 from control_plane.provisioning.acl import CONTROL_PLANE_USER
+from control_plane.provisioning.mosquitto import FleetAccess
 from tests.agent.server import RunningAgent, copy_models, serve
 from tests.control_plane.server import RunningControlPlane, control_plane
 from tests.mqtt_broker import Mosquitto, free_port
-
-CP_PASSWORD = "control-plane-test-password"
 
 
 def dynsec_plugin() -> str:
@@ -38,8 +36,18 @@ def dynsec_plugin() -> str:
 
 @pytest.fixture
 def dynsec_broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    """The broker's plugin file as ``edgefleet fleet dynsec-config`` writes it."""
     config = tmp_path / "dynamic-security.json"
-    config.write_text(json.dumps(initial_config(Topics(), CP_PASSWORD)))
+    args = [
+        "fleet",
+        "dynsec-config",
+        "--out",
+        str(config),
+        "--state-dir",
+        str(tmp_path / "cp-state"),
+    ]
+    result = CliRunner().invoke(root(), args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
     extra = f"allow_anonymous false\nplugin {dynsec_plugin()}\nplugin_opt_config_file {config}\n"
     broker = Mosquitto(tmp_path / "broker", extra_config=extra).start()
     yield broker
@@ -54,7 +62,7 @@ def cp(tmp_path: Path, dynsec_broker: Mosquitto) -> Iterator[RunningControlPlane
         dynsec_broker.url,
         free_port(),
         mqtt_username=CONTROL_PLANE_USER,
-        mqtt_password=CP_PASSWORD,
+        mqtt_password_file=FleetAccess(tmp_path / "cp-state").service().password_file,
         enrolment=EnrolmentSettings(accounts=AccountsKind.DYNSEC, pending_retry_s=0.2),
         deployment_tick_s=0.2,
     ) as running:
