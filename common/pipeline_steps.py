@@ -1,7 +1,18 @@
-"""The built-in steps, bound to their configuration: blocking functions of numpy arrays.
+"""The built-in pipeline steps, bound to their configuration: blocking functions of numpy
+arrays, shared by the agent (which serves pipelines) and the control plane (which validates
+them). Images travel between image steps as object arrays of Pillow images (sizes may differ
+until a resize); a numeric step stacks them into ``[N, H, W, C]`` uint8 first.
 
-Images travel between image steps as object arrays of Pillow images (sizes may differ until a
-resize); a numeric step stacks them into ``[N, H, W, C]`` uint8 first.
+Errors carry a stable ``code``; ``agent/api/errors.py`` maps them to statuses::
+
+    StepError                 code
+    +-- StepInputError        step_input_invalid    400: what a step got is not usable
+    +-- ImageTooLargeError    image_too_large       413: past pipelines.max_image_pixels
+    +-- StepFailedError       step_failed           422: a step raised (its message)
+    +-- StepCrashedError      step_crashed          502: a Python step's worker died
+    +-- StepTimeoutError      step_timeout          504: a step passed its timeout
+
+Each message names the step.
 """
 
 from __future__ import annotations
@@ -14,20 +25,53 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from agent.pipelines.errors import ImageTooLargeError, StepInputError
 from common.pipeline_config import (
     Argmax,
     Cast,
     CenterCrop,
     DecodeImage,
     Layout,
+    ModelStep,
     Normalize,
+    PipelineConfig,
+    PythonStep,
     Resize,
     Softmax,
     Threshold,
     TopK,
 )
 from runtimes.datatypes import numpy_dtype
+from runtimes.signature import DYNAMIC, ModelSignature
+
+
+class StepError(Exception):
+    code = "step_error"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class StepInputError(StepError):
+    code = "step_input_invalid"
+
+
+class ImageTooLargeError(StepError):
+    code = "image_too_large"
+
+
+class StepFailedError(StepError):
+    code = "step_failed"
+
+
+class StepCrashedError(StepError):
+    code = "step_crashed"
+
+
+class StepTimeoutError(StepError):
+    code = "step_timeout"
+
 
 Arrays = dict[str, np.ndarray]
 StepFn = Callable[[Arrays], Arrays]
@@ -239,3 +283,52 @@ def _labels(path: Path) -> list[bytes]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"labels file {path} cannot be read: {exc}") from exc
     return [line.strip().encode() for line in text.splitlines()]
+
+
+def image_input_size(
+    config: PipelineConfig, signature: ModelSignature | None
+) -> tuple[int, int] | None:
+    """Height and width of the own model's first image input (rank 4), if fixed; the layout
+    is NCHW when a layout step makes it so, else NHWC."""
+    if signature is None:
+        return None
+    nchw = any(isinstance(s, Layout) and s.to == "NCHW" for s in config.steps)
+    for spec in signature.inputs:
+        if len(spec.shape) == 4:
+            height, width = spec.shape[2:4] if nchw else spec.shape[1:3]
+            if DYNAMIC not in (height, width):
+                return height, width
+    return None
+
+
+def run_offline(
+    config: PipelineConfig,
+    version_dir: Path,
+    inputs: Arrays,
+    signature: ModelSignature,
+    infer: Callable[[Arrays], Arrays],
+) -> Arrays:
+    """Run the steps one after the other, the version's own model through ``infer`` (a
+    runtime's): the self-test of ``edgefleet models selftest`` and of the control plane's
+    validation. Python steps and calls to other models need an agent.
+
+    Raises:
+        StepError: a step failed, or needs an agent.
+        ValueError: a step cannot be bound.
+    """
+    size = image_input_size(config, signature)
+    tensors = dict(inputs)
+    for name, step in config.named_steps():
+        if isinstance(step, PythonStep):
+            raise StepFailedError(f"step {name}: Python steps run only in an agent")
+        if isinstance(step, ModelStep):
+            if step.model:
+                raise StepFailedError(f"step {name}: model {step.model!r} is served by agents")
+            outputs = infer({inner: tensors[outer] for inner, outer in step.inputs.items()})
+            missing = [inner for inner in step.outputs if inner not in outputs]
+            if missing:
+                raise StepFailedError(f"step {name}: the model gave no {missing[0]!r}")
+            tensors |= {outer: outputs[inner] for inner, outer in step.outputs.items()}
+        else:
+            tensors |= bind(name, step, version_dir, size, 2**31)(tensors)
+    return {t.name: tensors[t.name] for t in config.outputs}

@@ -26,6 +26,8 @@ log = logging.getLogger("edgefleet.agent.api")
 
 # Most specific first: the first class an error is an instance of decides.
 STATUS: tuple[tuple[type[Exception], int], ...] = (
+    (pipeline_errors.StepInputError, 400),
+    (pipeline_errors.ImageTooLargeError, 413),
     (pipeline_errors.StepFailedError, 422),
     (pipeline_errors.StepCrashedError, 502),
     (pipeline_errors.StepTimeoutError, 504),
@@ -49,7 +51,12 @@ STATUS: tuple[tuple[type[Exception], int], ...] = (
 )
 
 
-HANDLED = (agent_errors.AgentError, runtime_errors.RuntimeFailure, ModelConfigError)
+HANDLED = (
+    agent_errors.AgentError,
+    runtime_errors.RuntimeFailure,
+    ModelConfigError,
+    pipeline_errors.StepError,
+)
 
 # The errors that turn a request away before any inference runs, most specific first. Not
 # refusals: a failure once queued (a deadline, the runtime's own), a load that failed, a
@@ -59,6 +66,8 @@ REFUSALS: tuple[tuple[type[Exception], RefusalReason], ...] = (
     (NullValueError, RefusalReason.NULL_VALUE),
     (agent_errors.RequestError, RefusalReason.INVALID_REQUEST),
     (runtime_errors.InvalidInputError, RefusalReason.INVALID_REQUEST),
+    (pipeline_errors.StepInputError, RefusalReason.INVALID_REQUEST),
+    (pipeline_errors.ImageTooLargeError, RefusalReason.INVALID_REQUEST),
     (agent_errors.PayloadTooLargeError, RefusalReason.MAX_REQUEST_BYTES),
     (agent_errors.UnauthorizedError, RefusalReason.UNAUTHORIZED),
     (agent_errors.RateLimitedError, RefusalReason.RATE_LIMITED),

@@ -18,6 +18,7 @@ from agent.inference.batch_run import ItemResult
 from agent.inference.manager import ModelManager
 from agent.inference.versions import LoadedVersion
 from agent.metrics import AgentMetrics
+from agent.pipelines.errors import StepError
 from agent.pipelines.version import PipelineVersion
 from runtimes.errors import RuntimeFailure
 
@@ -168,7 +169,7 @@ class InferenceService:
                     self.manager.model_caller(lv, priority, timeout_s),
                     self.manager.step_executor,
                 )
-            except (AgentError, RuntimeFailure) as exc:
+            except (AgentError, StepError, RuntimeFailure) as exc:
                 lv.stats.record_failure(time.monotonic() - started, exc.code)
                 self.metrics.observe_failure(lv.model, version, exc.code)
                 raise

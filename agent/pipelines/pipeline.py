@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 
 from agent.inference.batch_run import ItemResult
-from agent.pipelines import builtin
 from agent.pipelines.errors import StepFailedError, StepTimeoutError
 from agent.pipelines.python_steps import PythonWorker
 from agent.pipelines.settings import PipelineSettings
-from common.pipeline_config import Layout, ModelStep, PipelineConfig, PythonStep, Step
+from common import pipeline_steps as builtin
+from common.pipeline_config import ModelStep, PipelineConfig, PythonStep, Step
 from runtimes.datatypes import from_numpy
-from runtimes.signature import DYNAMIC, ModelSignature, TensorSpec
+from runtimes.signature import ModelSignature, TensorSpec
 
 Arrays = dict[str, np.ndarray]
 ModelCall = Callable[[str, ModelStep, Arrays], Awaitable[ItemResult]]
@@ -90,7 +90,7 @@ class Pipeline:
             ValueError: a step cannot be bound, a Python step may not run, or its worker did not
                 start (:class:`~agent.pipelines.python_steps.WorkerStartError`).
         """
-        image_size = _image_size(config, model_signature)
+        image_size = builtin.image_input_size(config, model_signature)
         functions: dict[str, builtin.StepFn] = {}
         workers: dict[str, PythonWorker] = {}
         try:
@@ -256,16 +256,3 @@ async def _all_or_first_error(calls: list[Coroutine[Any, Any, Arrays]]) -> list[
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _image_size(config: PipelineConfig, signature: ModelSignature | None) -> tuple[int, int] | None:
-    """Height and width of the own model's first image input (rank 4), if fixed."""
-    if signature is None:
-        return None
-    nchw = any(isinstance(s, Layout) and s.to == "NCHW" for s in config.steps)
-    for spec in signature.inputs:
-        if len(spec.shape) == 4:
-            height, width = spec.shape[2:4] if nchw else spec.shape[1:3]
-            if DYNAMIC not in (height, width):
-                return height, width
-    return None

@@ -40,6 +40,8 @@ def _cpu_used_s() -> float:
 def main(argv: list[str]) -> int:
     path, parameters, memory_bytes, cpu_s = argv[0], json.loads(argv[1]), int(argv[2]), int(argv[3])
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    # no core files: a crash is reported at once, and leaves nothing of the user's data behind
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     channel = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # the user's prints must not corrupt the frames
     requests = sys.stdin.buffer

@@ -16,7 +16,7 @@ import numpy as np
 from agent.errors import AgentError
 from agent.inference.batch_run import ItemResult
 from agent.inference.versions import LoadedVersion
-from agent.pipelines.errors import StepFailedError, StepInputError
+from agent.pipelines.errors import StepError, StepFailedError, StepInputError
 from agent.pipelines.pipeline import ModelCall, Pipeline
 from agent.pipelines.settings import PipelineSettings, PythonSteps
 from common.model_config import ModelConfig
@@ -184,7 +184,7 @@ async def pipeline_self_test(
     try:
         golden = GoldenSample.load(path)
         result = await lv.pipeline.run(golden.inputs, call, executor)
-    except (AgentError, RuntimeFailure, ModelFileError) as exc:
+    except (AgentError, StepError, RuntimeFailure, ModelFileError) as exc:
         return f"pipeline self-test failed: {exc}"
     problems = golden.mismatches(result.outputs)
     return "pipeline self-test failed: " + "; ".join(problems) if problems else None

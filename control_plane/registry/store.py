@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 import tempfile
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -169,12 +170,20 @@ async def create_version(
     return mv
 
 
+PIPELINE_FILES = re.compile(
+    r"^(pipeline\.toml|pipeline_golden\.npz|[A-Za-z0-9_][A-Za-z0-9_.-]*\.(txt|py))$"
+)
+"""A pipeline's files besides the model (docs/pipelines.md): its steps, its golden sample,
+labels files and Python steps; uploaded before the model file, which completes a variant."""
+
+
 def check_file_name(fmt: str, filename: str) -> None:
     if "/" in filename or filename.startswith(".") or not filename:
         raise Invalid(f"file name {filename!r} is not allowed")
-    if not filename.endswith(_FILE_SUFFIX[fmt]):
+    if not filename.endswith(_FILE_SUFFIX[fmt]) and not PIPELINE_FILES.match(filename):
         raise Invalid(
-            f"a {fmt} variant holds {' and '.join(_FILE_SUFFIX[fmt])} files, not {filename!r}"
+            f"a {fmt} variant holds {' and '.join(_FILE_SUFFIX[fmt])} files and a pipeline's "
+            f"(pipeline.toml, pipeline_golden.npz, *.txt, *.py), not {filename!r}"
         )
 
 

@@ -3,7 +3,9 @@
 A version passes when every variant loads on every runtime here that reads its format, its
 golden sample matches on each, all (variant, runtime) pairs give the same answers within
 tolerance, and, when a labelled validation set was uploaded, its accuracy is not more than
-``margin`` below the production version's.
+``margin`` below the production version's. A variant with a pipeline (``pipeline.toml`` and
+``pipeline_golden.npz`` among its files) passes only if its golden request (a JPEG, say) runs
+through the whole pipeline on each runtime to the expected answer.
 """
 
 from __future__ import annotations
@@ -16,6 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from common.pipeline_config import (
+    PIPELINE_FILE,
+    PIPELINE_GOLDEN_FILE,
+    PipelineConfigError,
+    parse_pipeline,
+)
+from common.pipeline_steps import StepError, run_offline
 from control_plane.registry.store import ArtifactStore
 from runtimes.backends import BACKENDS, open_model
 from runtimes.base import Placement, Runtime
@@ -94,6 +103,10 @@ def validate(
                     check(f"{label} loads", False, str(exc))
                     continue
                 check(f"{label} loads", True)
+                if (directory / PIPELINE_FILE).is_file():
+                    problems = _pipeline_problems(directory, runtime)
+                    passed = not problems
+                    check(f"{label} passes its pipeline's golden", passed, "; ".join(problems))
                 if probe is None:
                     probe = _probe_inputs(runtime)
                 try:
@@ -147,6 +160,21 @@ def validate(
         "accuracy": accuracy,
         "validated_at": datetime.now(UTC).isoformat(),
     }
+
+
+def _pipeline_problems(directory: Path, runtime: Runtime) -> list[str]:
+    """Why the variant's pipeline_golden.npz does not come out of its pipeline, run with
+    ``runtime`` as its own model; empty when it does."""
+    golden_path = directory / PIPELINE_GOLDEN_FILE
+    if not golden_path.is_file():
+        return [f"the variant has {PIPELINE_FILE} but no {PIPELINE_GOLDEN_FILE}"]
+    try:
+        steps = parse_pipeline((directory / PIPELINE_FILE).read_text(), PIPELINE_FILE)
+        golden = GoldenSample.load(golden_path)
+        outputs = run_offline(steps, directory, golden.inputs, runtime.signature, runtime.infer)
+    except (PipelineConfigError, StepError, RuntimeFailure, ValueError, OSError) as exc:
+        return [str(exc)]
+    return golden.mismatches(outputs)
 
 
 def _accuracy(runtime: Runtime, path: Path) -> float:
