@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.api.v2_codec import classify  # the REST codec's, so both rank alike
 from agent.errors import RequestError
 from agent.grpc.proto import grpc_service_pb2 as pb
 from agent.shm.regions import Lease, as_array
@@ -242,8 +243,6 @@ def encode(
     lease: Lease,
 ) -> pb.ModelInferResponse:
     """The response; outputs asked for in a region are written there."""
-    from agent.api.v2_codec import classify  # the REST codec's, so both rank alike
-
     response = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
     wanted = specs or [OutputSpec(name) for name in outputs]
     in_regions = []

@@ -55,6 +55,8 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _admit(self, context: Context) -> str:
         """The request id; raises (aborts the RPC) for a missing key or an empty bucket."""
+        if self.keys is None and self.limiter is None and not self.state.settings.access_log:
+            return ""  # nothing reads the metadata: not even built (it costs on every call)
         metadata = {k.encode(): v for k, v in context.invocation_metadata() or ()}
         try:
             if self.keys is not None or self.limiter is not None:

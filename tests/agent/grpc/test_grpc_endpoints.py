@@ -48,14 +48,22 @@ def test_health_and_server_metadata(client: grpcclient.InferenceServerClient) ->
     assert "system_shared_memory" in meta.extensions
 
 
-def test_model_metadata_and_config(client: grpcclient.InferenceServerClient) -> None:
+def test_model_metadata_and_config(
+    grpc_agent: GrpcAgent, client: grpcclient.InferenceServerClient
+) -> None:
     meta = client.get_model_metadata("mlp", as_json=True)
     assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": ["-1", "256"]}]
     assert meta["outputs"][0]["name"] == "logits"
     config = client.get_model_config("cnn", as_json=True)["config"]
-    assert config["max_batch_size"] > 0
-    assert config["input"][0]["dims"] == ["3", "224", "224"]  # the batch dimension left out
     assert config["input"][0]["data_type"] == "TYPE_FP32"
+    # batched or not, as the agent chose at load; batched, dims leave the batch out (Triton)
+    lv = grpc_agent.rest.state.service.resolve("cnn", None)
+    if lv.batcher.batched:
+        assert int(config["max_batch_size"]) == lv.batcher.max_rows
+        assert config["input"][0]["dims"] == ["3", "224", "224"]
+    else:
+        assert "max_batch_size" not in config  # 0, left out of the JSON
+        assert config["input"][0]["dims"] == ["-1", "3", "224", "224"]
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
