@@ -44,6 +44,7 @@ def converged(cp: RunningControlPlane, agent: RunningAgent, name: str, version: 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("cp", ["sqlite", "postgresql"], indirect=True)
 def test_devices_converge_to_their_groups_deployment(
     cp: RunningControlPlane, claimed_agent: ClaimedAgent, tmp_path: Path
 ) -> None:

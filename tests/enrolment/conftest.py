@@ -4,13 +4,16 @@ it, and agents that start with nothing but a claim token."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from click.testing import CliRunner
 
@@ -20,6 +23,7 @@ from control_plane.enrolment.settings import AccountsKind, EnrolmentSettings
 from control_plane.provisioning.acl import CONTROL_PLANE_USER
 from control_plane.provisioning.mosquitto import FleetAccess
 from tests.agent.server import RunningAgent, copy_models, serve
+from tests.control_plane.conftest import PG_ADMIN
 from tests.control_plane.server import RunningControlPlane, control_plane
 from tests.mqtt_broker import Mosquitto, free_port
 
@@ -55,10 +59,38 @@ def dynsec_broker(tmp_path: Path) -> Iterator[Mosquitto]:
 
 
 @pytest.fixture
-def cp(tmp_path: Path, dynsec_broker: Mosquitto) -> Iterator[RunningControlPlane]:
+def cp(
+    request: pytest.FixtureRequest, tmp_path: Path, dynsec_broker: Mosquitto
+) -> Iterator[RunningControlPlane]:
+    """On SQLite; on PostgreSQL too for a test parametrized with ``("cp", ["sqlite",
+    "postgresql"], indirect=True)``."""
+    with contextlib.ExitStack() as stack:
+        db_url = f"sqlite+aiosqlite:///{tmp_path}/cp.db"
+        if getattr(request, "param", "sqlite") == "postgresql":
+            db_url = stack.enter_context(postgresql_database())
+        running = stack.enter_context(_control_plane(tmp_path, db_url, dynsec_broker))
+        yield running
+
+
+@contextlib.contextmanager
+def postgresql_database() -> Iterator[str]:
+    name = f"edgefleet_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def _control_plane(
+    tmp_path: Path, db_url: str, dynsec_broker: Mosquitto
+) -> Iterator[RunningControlPlane]:
     with control_plane(
         tmp_path / "cp-state",
-        f"sqlite+aiosqlite:///{tmp_path}/cp.db",
+        db_url,
         dynsec_broker.url,
         free_port(),
         mqtt_username=CONTROL_PLANE_USER,

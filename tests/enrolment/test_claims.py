@@ -23,6 +23,7 @@ def refused(resp_status: int, doc: dict[str, str], status: int, reason: str) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("cp", ["sqlite", "postgresql"], indirect=True)
 def test_claims_refuse_with_a_reason(cp: RunningControlPlane) -> None:
     resp = enrol(cp, "efc_0000_nope", "dev-x")
     refused(resp.status_code, resp.json(), 401, "unknown_claim")
