@@ -25,6 +25,10 @@ class BrokerAccounts(Protocol):
         """Create or replace ``device_id``'s broker user; return its new password."""
         ...
 
+    async def remove(self, device_id: str) -> None:
+        """Delete ``device_id``'s broker user (its sessions end, or do at the reload)."""
+        ...
+
 
 class PasswordFileAccounts:
     def __init__(self, state_dir: Path, topics: Topics) -> None:
@@ -35,6 +39,17 @@ class PasswordFileAccounts:
     async def issue(self, device_id: str) -> str:
         async with self._lock:  # one writer of the files at a time
             return await asyncio.to_thread(self._issue, device_id)
+
+    async def remove(self, device_id: str) -> None:
+        async with self._lock:
+            await asyncio.to_thread(self._remove, device_id)
+
+    def _remove(self, device_id: str) -> None:
+        access = FleetAccess(self.state_dir, self.topics)
+        access.revoke_device(device_id)
+        out = access.refresh_broker()
+        if out is not None:
+            reload_broker(out / "data" / "mosquitto.pid")
 
     def _issue(self, device_id: str) -> str:
         access = FleetAccess(self.state_dir, self.topics)

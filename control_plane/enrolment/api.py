@@ -74,6 +74,13 @@ def _refused(exc: EnrolmentRefused) -> Response:
     return json_response(doc, status)
 
 
+def _unavailable(message: str) -> Response:
+    doc = {"error": message, "code": "unavailable"}
+    return Response(
+        json.dumps(doc), 503, headers={"Retry-After": "5"}, media_type="application/json"
+    )
+
+
 @router.post(
     ENROL_PATH.removeprefix("/api/v1"),
     summary="A device exchanges its claim token for its broker identity and the trust root",
@@ -92,10 +99,7 @@ async def enrol(request: Request) -> Response:
     except EnrolmentRefused as exc:
         return _refused(exc)
     except (DynsecError, OSError) as exc:
-        doc = {"error": f"the broker account could not be made: {exc}", "code": "unavailable"}
-        return Response(
-            json.dumps(doc), 503, headers={"Retry-After": "5"}, media_type="application/json"
-        )
+        return _unavailable(f"the broker account could not be made: {exc}")
     if answer.status is EnrolmentStatus.PENDING:
         retry = str(int(answer.retry_after_s or 30))
         return Response(
@@ -150,7 +154,8 @@ async def enrolments(
 
 @router.post(
     "/enrolments/{device_id}/{decision}",
-    summary="approve or reject a device waiting for approval",
+    summary="approve a device waiting for approval, or reject one (an enrolled one loses its "
+    "broker user)",
     openapi_extra=json_request(Decision),
 )
 async def decide(
@@ -163,9 +168,12 @@ async def decide(
     if decision not in ("approve", "reject"):
         raise NotFound(f"no decision {decision!r}: approve or reject")
     svc: Services = request.app.state.services
-    row = await enroller(request).decide(
-        device_id, approve=decision == "approve", user=who.name, reason=body.reason
-    )
+    try:
+        row = await enroller(request).decide(
+            device_id, approve=decision == "approve", user=who.name, reason=body.reason
+        )
+    except (DynsecError, OSError) as exc:
+        return _unavailable(f"rejected, but the broker user could not be deleted: {exc}")
     async with svc.sessions.begin() as s:
         audit.record(
             s, who.name, f"enrolment.{decision}", f"device:{device_id}", reason=body.reason

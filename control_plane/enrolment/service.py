@@ -153,7 +153,9 @@ class Enroller:
         device.operator_labels = {**claim.labels, **device.operator_labels}
 
     async def decide(self, device_id: str, *, approve: bool, user: str, reason: str) -> Enrolment:
-        """Approve a pending device, or reject a pending or approved one.
+        """Approve a pending device, or reject one in any state: one that collected a broker
+        user loses it, and cannot collect another with its device key (rejecting it again
+        deletes the user again, after a broker that could not be reached).
 
         Raises:
             NotFound: no such enrolment.
@@ -162,7 +164,7 @@ class Enroller:
         allowed = (
             {EnrolmentState.PENDING}
             if approve
-            else {EnrolmentState.PENDING, EnrolmentState.APPROVED}
+            else set(EnrolmentState)  # again too: the broker user's deletion once more
         )
         async with self.sessions.begin() as s:
             row = await s.get(Enrolment, device_id)
@@ -173,8 +175,11 @@ class Enroller:
                     f"device {device_id!r} is {row.state}: it cannot be "
                     f"{'approved' if approve else 'rejected'} now"
                 )
+            enrolled = row.issued_at is not None  # it collected a broker user
             row.state = (EnrolmentState.APPROVED if approve else EnrolmentState.REJECTED).value
             row.decided_by, row.reason = user, reason
+        if enrolled:
+            await self.accounts.remove(device_id)
         return row
 
     async def list(self, state: EnrolmentState | None) -> list[Enrolment]:

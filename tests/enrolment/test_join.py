@@ -82,6 +82,24 @@ def test_a_claimed_device_publishes_to_its_own_topics_only(
             )
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+    # rejected once enrolled: its broker user is gone, and it cannot collect another
+    resp = cp.admin.post("/api/v1/enrolments/dev-a/reject", json={"reason": "stolen"})
+    assert resp.status_code == 200 and resp.json()["state"] == "rejected", resp.text
+
+    async def refused() -> None:
+        with pytest.raises(MqttError, match="refused"):
+            await connect(
+                "127.0.0.1",
+                dynsec_broker.port,
+                "edgefleet-agent-dev-a",
+                Inbox(),
+                username="dev-a",
+                password=password,
+            )
+
+    asyncio.run(asyncio.wait_for(refused(), 60))
+    again = enrol(cp, token, "dev-a")
+    assert (again.status_code, again.json()["reason"]) == (403, "rejected")
 
 
 @pytest.mark.slow

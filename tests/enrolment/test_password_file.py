@@ -64,6 +64,30 @@ def test_password_file_enrolment_reloads_the_broker(
         mqtt_password_file=service.password_file,
     ) as cp:
         password = _enrolled(cp, "dev-f")
+        _check_login(port, password)
+        # rejected: its hash leaves the password file, and the broker rereads it
+        resp = cp.admin.post("/api/v1/enrolments/dev-f/reject", json={"reason": "lost"})
+        assert resp.status_code == 200, resp.text
+    assert "dev-f:" not in (tmp_path / "broker" / "passwd").read_text()
+
+    async def refused() -> None:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                conn = await connect(
+                    "127.0.0.1", port, "dev-f", Inbox(), username="dev-f", password=password
+                )
+            except MqttError as exc:
+                assert "0x87" in str(exc) or "0x86" in str(exc), exc
+                return
+            await close_and_wait(conn)
+            assert time.monotonic() < deadline, "the broker still takes the rejected login"
+            await asyncio.sleep(0.05)
+
+    asyncio.run(asyncio.wait_for(refused(), 60))
+
+
+def _check_login(port: int, password: str) -> None:
     topics = Topics()
 
     async def login() -> Connection:
