@@ -1,4 +1,5 @@
-"""The ``classifier`` example end to end: JPEG bytes in, top-5 labels out, over real HTTP."""
+"""The ``classifier`` example end to end: JPEG bytes in, top-5 labels out, over real HTTP
+(and gRPC)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as triton
 
 from runtimes.examples.classifier import golden_jpeg, preprocess, top_k
 from tests.agent.server import RunningAgent, copy_models
+from tests.mqtt_broker import free_port
 from tests.pipelines.agent import serve_pipelines
 from tests.pipelines.conftest import jpeg
 
@@ -22,7 +25,14 @@ SLOW_STEPS = "timeout_s = 0.000001\n"
 
 
 @pytest.fixture(scope="module")
-def agent(example_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
+def grpc_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def agent(
+    example_repo: Path, tmp_path_factory: pytest.TempPathFactory, grpc_port: int
+) -> Iterator[RunningAgent]:
     repo = copy_models(example_repo, tmp_path_factory.mktemp("repo"), "classifier")
     # the same classifier, with a resize step allowed no time at all
     slow = repo / "classifier_slow"
@@ -32,7 +42,9 @@ def agent(example_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         steps.replace('kind = "resize"\n', 'kind = "resize"\n' + SLOW_STEPS)
     )
     (slow / "1" / "pipeline_golden.npz").unlink()
-    with serve_pipelines(repo, pipelines={"max_image_pixels": MAX_PIXELS}) as running:
+    pipelines = {"max_image_pixels": MAX_PIXELS}
+    grpc = {"enabled": True, "port": grpc_port}
+    with serve_pipelines(repo, pipelines=pipelines, grpc=grpc) as running:
         yield running
 
 
@@ -71,6 +83,16 @@ def test_tritonclient_gets_the_top5_of_pillow_and_onnxruntime(
         np.testing.assert_allclose(result.as_numpy("scores"), scores[i : i + 1], rtol=1e-3)
     batch = _infer(client, images)  # of three sizes, in one request
     assert batch.as_numpy("labels").tolist() == labels.tolist()
+
+
+def test_grpc_carries_the_jpeg_too(agent: RunningAgent, grpc_port: int, example_repo: Path) -> None:
+    image = golden_jpeg(300, 200, seed=4)
+    labels, _ = _direct(example_repo, [image])
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+        tensor = grpcclient.InferInput("image", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([image], dtype=object))
+        result = client.infer("classifier", [tensor])
+    assert result.as_numpy("labels").tolist() == labels.tolist()
 
 
 def test_metadata_is_the_pipelines(client: triton.InferenceServerClient) -> None:
