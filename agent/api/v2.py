@@ -163,6 +163,8 @@ async def model_config(
         "platform": lv.platform,
         "placement": lv.placement.model_dump(mode="json"),
     }
+    if isinstance(lv, PipelineVersion) and lv.pipeline is not None:  # the one serving
+        doc["pipeline"] = lv.pipeline.config.model_dump(mode="json")
     if lv.tuning is not None:  # as served: the size measured at load, and the measurement
         doc["batching"] = lv.batcher.config.model_dump(mode="json")
         doc["batch_tuning"] = lv.tuning.describe()

@@ -101,6 +101,8 @@ def test_metadata_is_the_pipelines(client: triton.InferenceServerClient) -> None
     assert doc["inputs"] == [{"name": "image", "datatype": "BYTES", "shape": [-1]}]
     assert [o["name"] for o in doc["outputs"]] == ["labels", "scores"]
     assert doc["parameters"]["steps"][0] == "decode:decode_image"
+    config = client.get_model_config("classifier")  # the version's own pipeline.toml
+    assert [s["name"] for s in config["pipeline"]["steps"]][-1] == "top5"
 
 
 def test_tf_serving_b64(agent: RunningAgent, example_repo: Path) -> None:
