@@ -67,6 +67,8 @@ class Region:
     offset: int
     byte_size: int
     _map: mmap.mmap
+    _fd: int
+    """Kept open to see the object's size at each use (:meth:`check_size`)."""
     leases: int = 0
     registered: bool = True
 
@@ -81,7 +83,21 @@ class Region:
         start = self.offset + offset
         return memoryview(self._map)[start : start + byte_size]
 
+    def check_size(self, where: str) -> None:
+        """Refuse a region whose object was shrunk since it was registered: reading the
+        mapping past the object's end would kill the agent (SIGBUS). A shrink during a request
+        is not caught; only the agent's own user (or group) can do it."""
+        if os.fstat(self._fd).st_size < self.offset + self.byte_size:
+            raise SharedMemoryError(
+                f"{where}: the object of region {self.name!r} was shrunk below its registered "
+                "size; register it again",
+                field=where,
+            )
+
     def _close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         try:
             self._map.close()
         except BufferError:
@@ -108,6 +124,7 @@ class Lease:
     def take(self, name: str, where: str) -> Region:
         region = self.registry.get(name, where)
         if region not in self.regions:
+            region.check_size(where)
             region.leases += 1
             self.regions.append(region)
         return region
@@ -191,9 +208,10 @@ class SharedMemoryRegistry:
                     field="byte_size",
                 )
             mapped = mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED)
-        finally:
+        except BaseException:
             os.close(fd)
-        region = Region(name, key, offset, byte_size, mapped)
+            raise
+        region = Region(name, key, offset, byte_size, mapped, fd)
         self.regions[name] = region
         return region
 

@@ -99,3 +99,13 @@ def test_unregistering_a_leased_region_defers_the_unmap(
 def test_off_refuses_registration(segment: shared_memory.SharedMemory) -> None:
     with pytest.raises(SharedMemoryError, match="shared_memory.enabled"):
         registry(enabled=False).register("r", segment.name, 0, 8)
+
+
+def test_a_shrunk_object_is_refused_not_read(segment: shared_memory.SharedMemory) -> None:
+    shm = registry()
+    shm.register("r", segment.name, 0, 4096)
+    os.truncate(f"/dev/shm/{segment.name}", 1024)  # reading past its end would be SIGBUS
+    with pytest.raises(SharedMemoryError, match="shrunk below its registered size"):
+        shm.lease().take("r", "t")
+    os.truncate(f"/dev/shm/{segment.name}", 4096)
+    assert shm.lease().take("r", "t").byte_size == 4096
