@@ -3,6 +3,7 @@
     received -> downloading -> verified -> staged -> active -> committed
                                                           \\-> rolled_back (health window failed)
     any step  -> rejected (reason)              the previous version keeps serving throughout
+    verified  -> (queued again at activate_after, its maintenance window) -> staged ...
 
 The previous version stays loaded and warm during the health window, so switching back is one
 assignment. Only the commit rewrites the on-disk pointer (``config.toml``); a crash before it
@@ -263,7 +264,7 @@ class Updater:
                 f"sequence {m.sequence} is not newer than {floor}",
             )
             return
-        if (m.model, m.sequence) in self._retries:
+        if (m.model, m.sequence) in self._retries or m.activate_after is not None:
             # verified on receipt, maybe long ago: a retry must not outlive the manifest
             try:
                 verify_window(m, datetime.now(UTC))
@@ -282,6 +283,13 @@ class Updater:
             if self._withdrawn(vm):
                 self._remove_unless_kept(m)
                 return  # withdrawn while it downloaded: reported then
+            wait_s = (
+                (m.activate_after - datetime.now(UTC)).total_seconds() if m.activate_after else 0
+            )
+            if wait_s > 0:  # downloaded ahead of its maintenance window: queued again then
+                self._later(vm, wait_s)
+                say(UpdateState.VERIFIED, reason=f"switches at {m.activate_after}")
+                return
             say(UpdateState.VERIFIED)
             config = self._config(m)
             try:
@@ -504,14 +512,19 @@ class Updater:
         attempt = self._retries.get(key, 0) + 1
         self._retries[key] = attempt
         delay = float(min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (attempt - 1)))
+        self._later(vm, delay)
+        return delay
+
+    def _later(self, vm: VerifiedManifest, delay_s: float) -> None:
+        """Queue ``vm`` again in ``delay_s`` (withdrawn or replaced meanwhile: cancelled)."""
+        key = _key(vm)
 
         async def later() -> None:
-            await asyncio.sleep(delay)
+            await asyncio.sleep(delay_s)
             del self._retrying[key]
             self._queue.put_nowait(vm)
 
         self._retrying[key] = (vm, asyncio.create_task(later(), name=f"retry:{key}"))
-        return delay
 
     def _drop_older_retries(self, m: ModelManifest) -> None:
         """A newer sequence for the model replaces a deferred older one: retried after the

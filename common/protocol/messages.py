@@ -112,10 +112,15 @@ class ModelManifest(BaseModel):
     rollout_id: str | None = None
     issued_at: datetime
     expires_at: datetime
+    activate_after: datetime | None = None
+    """A maintenance window: download and verify now, switch to it no earlier than this (the
+    device's clock). Agents before this field switch at once."""
 
     @model_validator(mode="after")
     def _expiry_after_issue(self) -> ModelManifest:
         _require_zones(self.issued_at, self.expires_at)
+        if self.activate_after is not None and self.activate_after.utcoffset() is None:
+            raise ValueError("activate_after needs a time zone")
         if self.expires_at <= self.issued_at:
             raise ValueError("expires_at must be after issued_at")
         return self

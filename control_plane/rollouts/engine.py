@@ -351,15 +351,18 @@ class RolloutEngine:
         unsent = [rd for rd in wave_devices if rd.state is DeviceRolloutState.PENDING]
         if unsent:  # the wave's devices, as their maintenance windows let them start
             held = await held_devices(session, [rd.device_id for rd in unsent], now)
-            sent = [rd.device_id for rd in unsent if rd.device_id not in held]
-            loaded = await _load_devices(session, sent)
+            loaded = await _load_devices(session, [rd.device_id for rd in unsent])
+            ahead = timedelta(seconds=self.manifest_ttl_s / 2)  # valid when it opens
             for rd in unsent:
-                if rd.device_id in held:
-                    reason = held_reason(*held[rd.device_id])
-                    if rd.reason != reason:
-                        rd.reason, rd.updated_at = reason, now
-                else:
+                name, opens = held.get(rd.device_id, ("", None))
+                if rd.device_id not in held:
                     await self._send(session, rollout, rd, now)
+                elif opens is not None and opens - now < ahead:
+                    # it downloads now and switches when the window opens (the device's clock)
+                    await self._send(session, rollout, rd, now, activate_after=opens)
+                    rd.reason = held_reason(name, opens, ahead=True)
+                elif rd.reason != (reason := held_reason(name, opens)):
+                    rd.reason, rd.updated_at = reason, now
             del loaded
         if rollout.wave_started_at is None:
             rollout.wave_started_at = now
@@ -447,18 +450,26 @@ class RolloutEngine:
         )
 
     async def _send(
-        self, session: AsyncSession, rollout: Rollout, rd: RolloutDevice, now: datetime
+        self,
+        session: AsyncSession,
+        rollout: Rollout,
+        rd: RolloutDevice,
+        now: datetime,
+        *,
+        activate_after: datetime | None = None,
     ) -> None:
+        """Send ``rd`` its manifest; with ``activate_after``, its device timeout counts from
+        then."""
         device = await session.get(Device, rd.device_id)
         if device is None:
             rd.state = DeviceRolloutState.TIMED_OUT
             rd.reason = "device no longer in the inventory"
             return
-        signed = self.keys.sign_message(
-            for_device(rollout.manifest, device.id, now, self.manifest_ttl_s)
+        manifest = for_device(
+            rollout.manifest, device.id, now, self.manifest_ttl_s, activate_after=activate_after
         )
-        device.desired = {**device.desired, rollout.model: signed}
-        rd.state, rd.sent_at, rd.updated_at = DeviceRolloutState.SENT, now, now
+        device.desired = {**device.desired, rollout.model: self.keys.sign_message(manifest)}
+        rd.state, rd.sent_at, rd.updated_at = DeviceRolloutState.SENT, activate_after or now, now
         self._publish_desired(device)
 
     def _publish_desired(self, device: Device) -> None:

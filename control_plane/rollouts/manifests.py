@@ -62,15 +62,22 @@ def build_manifest(
 
 
 def for_device(
-    stored: dict[str, Any], device_id: str, now: datetime, ttl_s: float
+    stored: dict[str, Any],
+    device_id: str,
+    now: datetime,
+    ttl_s: float,
+    *,
+    activate_after: datetime | None = None,
 ) -> ModelManifest:
     """A rollout's stored manifest for one device, dated ``now``: a wave started or resumed
-    weeks after the rollout's creation must not send a manifest past its expiry."""
+    weeks after the rollout's creation must not send a manifest past its expiry.
+    ``activate_after``: when its maintenance window opens (it downloads ahead)."""
     return ModelManifest.model_validate(stored).model_copy(
         update={
             "target": TargetSelector(device_ids=[device_id]),
             "issued_at": now,
             "expires_at": now + timedelta(seconds=ttl_s),
+            "activate_after": activate_after,
         }
     )
 

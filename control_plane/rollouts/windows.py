@@ -5,13 +5,16 @@ day of week; ``*``, ``a-b``, ``*/n``, ``a-b/n`` and lists), read in the local ti
 time zone, daylight saving included, and stays open ``duration_s``. As in cron, when both day
 fields are restricted a day matches either. A device that one or more windows select may start
 an update only while one of them is open; a device no window selects, at any time. The rollout
-engine holds a wave's device ``pending`` (its reason says until when) while its windows are
-closed, and sends it its new desired state when one opens; the wave waits for it.
+engine sends a wave's device whose windows are all closed its manifest at once, marked
+``activate_after`` the next opening: the device downloads and verifies it ahead, and switches
+no earlier than that (by its own clock); its device timeout counts from the opening, and the
+wave waits for it. A device whose windows do not open before half the manifest's lifetime is
+held ``pending`` (its reason says until when) and sent its manifest at the first step after one
+opens.
 
 NOTE: a start in the hour a spring-forward skips is taken at the offset before the change
 (``zoneinfo`` with ``fold=0``), and one in the hour a fall-back repeats, at its first
-occurrence. Not handled: fetching downloads ahead of the window (the device is sent nothing
-until its window opens).
+occurrence. An agent that predates ``activate_after`` ignores it and switches at once.
 """
 
 from __future__ import annotations
@@ -190,6 +193,8 @@ async def held_devices(
     return held
 
 
-def held_reason(name: str, opens: datetime | None) -> str:
+def held_reason(name: str, opens: datetime | None, *, ahead: bool = False) -> str:
+    if ahead and opens is not None:
+        return f"downloading ahead of maintenance window {name}: switches at {opens.isoformat()}"
     when = f"opens {opens.isoformat()}" if opens else "never opens"
     return f"waiting for maintenance window {name} ({when})"

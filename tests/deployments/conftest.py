@@ -1,6 +1,16 @@
 """Deployments are tested with devices that join by claim: the enrolment fixtures (a broker
-with the dynamic security plugin, a control plane, claimed agents)."""
+with the dynamic security plugin, a control plane, claimed agents); maintenance windows on the
+device's side with the test-side fleet of ``tests/fleet`` (it signs manifests itself)."""
 
 from tests.enrolment.conftest import claimed_agent, cp, dynsec_broker
+from tests.fleet.conftest import artifacts, broker, fleet, fleet_agent
 
-__all__ = ["claimed_agent", "cp", "dynsec_broker"]
+__all__ = [
+    "artifacts",
+    "broker",
+    "claimed_agent",
+    "cp",
+    "dynsec_broker",
+    "fleet",
+    "fleet_agent",
+]

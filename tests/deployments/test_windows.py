@@ -14,6 +14,8 @@ from tests.agent.server import wait_until
 from tests.control_plane.server import RunningControlPlane
 from tests.control_plane.test_rollouts import push, served, validate
 from tests.enrolment.conftest import ClaimedAgent, new_claim
+from tests.fleet.conftest import AgentFactory
+from tests.fleet.publisher import Fleet
 
 
 def utc(*args: int) -> datetime:
@@ -70,45 +72,81 @@ def test_bad_windows_are_refused_by_name(
 def test_a_wave_waits_for_its_devices_window(
     cp: RunningControlPlane, claimed_agent: ClaimedAgent, tmp_path: Path
 ) -> None:
-    push(cp.admin, "mlp", 2, [(mlp_version(tmp_path / "v2", seed=2), [])])
-    assert validate(cp.admin, "mlp", 2)["passed"]
-    later = (datetime.now(UTC) + timedelta(minutes=30)).minute
-    closed = {"selector": {"site": "edge"}, "duration_s": 60, "timezone": "Asia/Tokyo"}
-    resp = cp.admin.post(
-        "/api/v1/maintenance-windows",
-        json={"name": "edge-later", "cron": f"{later} * * * *", **closed},
-    )
-    assert resp.status_code == 201, resp.text
-    assert resp.json()["open_now"] is False
+    for version in (2, 3):
+        push(cp.admin, "mlp", version, [(mlp_version(tmp_path / f"v{version}", seed=version), [])])
+        assert validate(cp.admin, "mlp", version)["passed"]
+    edge = {"selector": {"site": "edge"}, "duration_s": 60, "timezone": "Asia/Tokyo"}
+
+    def window(name: str, cron: str) -> dict[str, object]:
+        resp = cp.admin.post(
+            "/api/v1/maintenance-windows", json={"name": name, "cron": cron, **edge}
+        )
+        assert resp.status_code == 201, resp.text
+        return resp.json()  # type: ignore[no-any-return]
+
+    def roll_out(version: int) -> str:
+        spec = {"model": "mlp", "version": version, "selector": {"site": "edge"}, "waves": ["100%"]}
+        gates = {"bake_time_s": 0.2, "gates": {"allow_unjudged": True}}
+        resp = cp.admin.post("/api/v1/rollouts", json={**spec, **gates})
+        assert resp.status_code == 201, resp.text
+        return f"/api/v1/rollouts/{resp.json()['id']}"
+
+    assert window("edge-never", "0 0 30 2 *")["next_open"] is None  # 30 February
     bad = cp.admin.post(
-        "/api/v1/maintenance-windows", json={"name": "x", "cron": "* 24 * * *", **closed}
+        "/api/v1/maintenance-windows", json={"name": "x", "cron": "* 24 * * *", **edge}
     )
     assert bad.status_code == 400 and "hour '24'" in bad.json()["error"]
-
     with claimed_agent("dev-w", new_claim(cp, labels={"site": "edge"})) as agent:
         wait_until(
             lambda: cp.admin.get("/api/v1/devices/dev-w").json().get("online"),
             what="the device online",
         )
-        spec = {"model": "mlp", "version": 2, "selector": {"site": "edge"}, "waves": ["100%"]}
-        resp = cp.admin.post(
-            "/api/v1/rollouts", json={**spec, "bake_time_s": 0.2, "gates": {"allow_unjudged": True}}
-        )
-        assert resp.status_code == 201, resp.text
-        rollout = f"/api/v1/rollouts/{resp.json()['id']}"
+        rollout = roll_out(2)
         (device,) = cp.admin.get(rollout).json()["devices"]
-        assert device["state"] == "pending"
-        assert device["reason"].startswith("waiting for maintenance window edge-later (opens ")
-        assert served(agent) == "1"
-        # another window of the device open now: it may start
-        resp = cp.admin.post(
-            "/api/v1/maintenance-windows",
-            json={"name": "edge-now", "cron": "* * * * *", **closed},
+        assert (device["state"], device["reason"]) == (
+            "pending",
+            "waiting for maintenance window edge-never (never opens)",
         )
-        assert resp.json()["open_now"] is True
+        assert served(agent) == "1"
+        # another window of the device, open now: it starts at the rollout's next step
+        assert window("edge-now", "* * * * *")["open_now"] is True
         wait_until(
             lambda: cp.admin.get(rollout).json()["state"] == "succeeded",
             timeout_s=60,
-            what="the rollout to succeed once the window opened",
+            what="the rollout to succeed once a window opened",
         )
+        assert served(agent) == "2"
+
+        # a window opening later: the device downloads ahead and switches only then
+        assert cp.admin.delete("/api/v1/maintenance-windows/edge-now").status_code == 204
+        later = (datetime.now(UTC) + timedelta(minutes=30)).minute
+        opens = window("edge-later", f"{later} * * * *")["next_open"]
+        rollout = roll_out(3)
+        (device,) = cp.admin.get(rollout).json()["devices"]
+        assert device["state"] == "sent"
+        assert device["reason"] == (
+            f"downloading ahead of maintenance window edge-later: switches at {opens}"
+        )
+        wait_until(
+            lambda: (agent.state.manager.repository / "mlp" / "3" / "model.onnx").is_file(),
+            what="version 3 downloaded ahead",
+        )
+        assert served(agent) == "2"
+
+
+@pytest.mark.slow
+def test_a_device_downloads_ahead_and_switches_when_its_window_opens(
+    fleet: Fleet, fleet_agent: AgentFactory, tmp_path: Path
+) -> None:
+    v2 = mlp_version(tmp_path / "v2", seed=7)
+    with fleet_agent() as agent:
+        opens = datetime.now(UTC) + timedelta(seconds=2)
+        manifest = {**fleet.manifest("mlp", 2, 1, v2), "activate_after": opens.isoformat()}
+        fleet.publish_desired("dev-1", fleet.sign(manifest))
+        verified = fleet.wait_event("dev-1", "verified", sequence=1)
+        assert verified.reason is not None and verified.reason.startswith("switches at")
+        assert verified.time < opens  # downloaded and verified before the window
+        fleet.wait_event("dev-1", "committed", sequence=1)
+        staged = fleet.wait_event("dev-1", "staged", sequence=1)
+        assert staged.time >= opens  # loaded and switched to only once it opened
         assert served(agent) == "2"
