@@ -85,6 +85,7 @@ def test_devices_converge_to_their_groups_deployment(
         )
 
 
+@pytest.mark.slow
 def test_deployments_refuse_what_could_never_roll_out(cp: RunningControlPlane) -> None:
     resp = cp.admin.post(
         "/api/v1/deployments", json={"name": "d", "model": "mlp", "version": 9, **FAST}
