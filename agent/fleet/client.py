@@ -98,7 +98,7 @@ class FleetClient:
         self.device_id = settings.device_id
         self.files = StateFiles(settings.state_dir)
         self.state = self.files.load_state()
-        stored = load_identity(settings.state_dir)
+        stored = load_identity(settings.state_dir, settings.device_id)
         self._username = stored.username if stored else settings.username
         self._password = stored.password if stored else settings.password
         self._enrolment: Enrolment | None = None

@@ -61,11 +61,20 @@ def identity_path(state_dir: Path) -> Path:
     return state_dir / "identity.json"
 
 
-def load_identity(state_dir: Path) -> StoredIdentity | None:
+def load_identity(state_dir: Path, device_id: str) -> StoredIdentity | None:
+    """The identity enrolment stored for ``device_id``; None if there is none, or it is another
+    id's (the device was renamed: it enrols again under its new id, if its claim allows)."""
     path = identity_path(state_dir)
     if not path.is_file():
         return None
-    return StoredIdentity.model_validate_json(path.read_bytes())
+    identity = StoredIdentity.model_validate_json(path.read_bytes())
+    if identity.device_id != device_id:
+        log.warning(
+            "the stored identity is another device id's: not used",
+            extra={"stored": identity.device_id, "device_id": device_id},
+        )
+        return None
+    return identity
 
 
 def _claim(settings: FleetSettings) -> str:

@@ -86,4 +86,4 @@ def test_the_agent_stops_at_a_refusal(cp: RunningControlPlane, tmp_path: Path) -
     with pytest.raises(EnrolmentFailed, match="claim_revoked") as failed:
         asyncio.run(Enrolment(settings, files, "raspberry-pi-5").run())
     assert failed.value.reason == "claim_revoked"
-    assert load_identity(settings.state_dir) is None and not files.trust_path.exists()
+    assert load_identity(settings.state_dir, "dev-r") is None and not files.trust_path.exists()

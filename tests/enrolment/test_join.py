@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from agent.fleet.enrol import identity_path
+from agent.fleet.enrol import identity_path, load_identity
 from common.protocol.topics import Topics
 from control_plane.mqtt.codec import MqttError
 from control_plane.mqtt.wire import connect
@@ -40,6 +40,8 @@ def test_a_device_with_only_a_claim_joins(
     identity = identity_path(state_dir)
     assert stat.S_IMODE(identity.stat().st_mode) == 0o600
     assert json.loads(identity.read_text())["username"] == "dev-z"
+    assert load_identity(state_dir, "dev-z") is not None
+    assert load_identity(state_dir, "dev-renamed") is None  # renamed: it enrols anew
     (claim,) = cp.admin.get("/api/v1/claims").json()
     assert (claim["uses"], claim["state"]) == (1, "used_up")
     issued = cp.admin.get("/api/v1/enrolments").json()[0]["issued_at"]
