@@ -67,15 +67,17 @@ class Enroller:
                 retry_after_s=self.pending_retry_s,
             )
         password = await self.accounts.issue(req.device_id)
+        trust = None
         async with self.sessions.begin() as s:
             row = await s.get(Enrolment, req.device_id)
-            claim_row = await s.get(Claim, row.claim_id) if row else None
-            if row is None or claim_row is None:
-                raise EnrolmentRefused(Refusal.REJECTED, "the enrolment was withdrawn meanwhile")
-            await self._inventory(s, claim_row, req)
-            row.state, row.issued_at = EnrolmentState.ENROLLED.value, now
-            trust = await _trust_envelope(s)
-        log.info("device enrolled", extra={"device_id": req.device_id, "claim": row.claim_id})
+            if row is not None and row.state != EnrolmentState.REJECTED:
+                await self._inventory(s, claim, req)
+                row.state, row.issued_at = EnrolmentState.ENROLLED.value, now
+                trust = await _trust_envelope(s)
+        if trust is None:  # rejected while its account was made: that account goes too
+            await self.accounts.remove(req.device_id)
+            raise EnrolmentRefused(Refusal.REJECTED, "an operator rejected this device meanwhile")
+        log.info("device enrolled", extra={"device_id": req.device_id, "claim": claim.id})
         return EnrolmentAnswer(
             device_id=req.device_id,
             status=EnrolmentStatus.ENROLLED,
