@@ -204,6 +204,8 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "duration_s": args.duration,
         "repeat": args.repeat,
+        # the machine is shared: its load when the run started and ended says how to read it
+        "load_average_start": os.getloadavg(),
     }
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
@@ -213,6 +215,7 @@ def main() -> None:
             results[model] = bench_model(
                 model, repo, work / model, args.duration, not args.no_mlserver, args.repeat
             )
+    results["load_average_end"] = os.getloadavg()
     results["goals"] = goals(results)
     text = json.dumps(results, indent=2)
     if args.json is not None:
