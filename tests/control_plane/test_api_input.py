@@ -74,6 +74,9 @@ def test_every_timestamp_the_api_shows_carries_its_offset(
             s.add(DeviceSample(device_id="dev-t", seq=1, time=now))  # its last_telemetry
         engine.dispose()
         rollout_id = rollout(cp, 1, waves=["100%"])
+        # a deployment named as the model: the routes' {name} is either
+        deployment = {"name": "mlp", "model": "mlp", "version": 1}
+        assert cp.admin.post("/api/v1/deployments", json=deployment).status_code == 201
         ids = {"device_id": "dev-t", "rollout_id": rollout_id, "name": "mlp", "version": 1}
         queries = {"/api/v1/telemetry": {"device_id": "dev-t"}}
         seen: dict[str, list[str]] = {}
