@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
@@ -33,6 +35,8 @@ from common import __version__
 log = logging.getLogger("edgefleet.agent.grpc")
 access = logging.getLogger("edgefleet.agent.access")
 Context = grpc.aio.ServicerContext[Any, Any]
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+"""A request id a client may choose (``x-request-id`` metadata), as REST takes it."""
 _STREAM_DEPTH = 64
 """Requests of one stream queued or running at once; the stream reads no more until one is
 answered (flow control reaches the client)."""
@@ -54,7 +58,10 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
     # -- admission and errors ------------------------------------------------------------
 
     async def _admit(self, context: Context) -> str:
-        """The request id; raises (aborts the RPC) for a missing key or an empty bucket."""
+        """The request id (the client's ``x-request-id``, or a new one, returned in the
+        trailing metadata); raises (aborts the RPC) for a missing key or an empty bucket.
+        Without keys, rate limit and access log nothing reads it: the metadata is left alone
+        and the id is empty."""
         if self.keys is None and self.limiter is None and not self.state.settings.access_log:
             return ""  # nothing reads the metadata: not even built (it costs on every call)
         metadata = {k.encode(): v for k, v in context.invocation_metadata() or ()}
@@ -67,7 +74,11 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         except Exception as exc:
             await self._abort(context, exc)
         request_id = metadata.get(b"x-request-id")
-        return request_id if isinstance(request_id, str) else ""
+        if not (isinstance(request_id, str) and _REQUEST_ID.match(request_id)):
+            request_id = f"{random.getrandbits(128):032x}"  # as REST makes them
+        # in the trailers, as REST answers the header: no extra frame on the wire
+        context.set_trailing_metadata((("x-request-id", request_id),))
+        return request_id
 
     async def _abort(self, context: Context, exc: Exception) -> NoReturn:
         code = status.code_of(exc)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class GrpcSettings(BaseModel):
@@ -17,8 +18,8 @@ class GrpcSettings(BaseModel):
     """Address to listen on; loopback by default, as REST (beyond loopback needs API keys,
     as REST)."""
     port: int | None = Field(default=8001, ge=0, le=65535)
-    """TCP port (Triton's gRPC port by default); 0 picks a free one; unset serves only
-    ``uds``."""
+    """TCP port (Triton's gRPC port by default); 0 picks a free one; ``"none"`` (or an empty
+    ``EDGEFLEET_AGENT_GRPC__PORT``) serves only ``uds``."""
     uds: Path | None = None
     """Also listen on this Unix socket (``unix:<path>`` for clients): no TCP stack between a
     local app and the agent."""
@@ -30,3 +31,11 @@ class GrpcSettings(BaseModel):
     """Largest response message."""
     shutdown_grace_s: float = Field(default=5.0, ge=0)
     """On shutdown, how long RPCs in flight may take to finish before they are cancelled."""
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _none(cls, value: Any) -> Any:
+        # TOML and environment variables have no null: "none" or "" stands for it
+        if isinstance(value, str) and value.strip().lower() in ("", "none"):
+            return None
+        return value

@@ -3,6 +3,7 @@ statistics, the repository and inference, with outputs equal to ONNX Runtime's o
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -194,3 +195,14 @@ def test_grpc_beyond_loopback_needs_a_key(example_repo: Path) -> None:
 
     with pytest.raises(ValueError, match="grpc.host"):
         AgentSettings(model_repository=example_repo, grpc={"enabled": True, "host": "0.0.0.0"})
+
+
+def test_request_ids_come_back_in_the_trailers(grpc_agent: GrpcAgent) -> None:
+    live = "/inference.GRPCInferenceService/ServerLive"
+    with grpc.insecure_channel(grpc_agent.address) as channel:
+        call = channel.unary_unary(live)
+        _, given = call.with_call(b"", metadata=(("x-request-id", "frame-7"),), timeout=30)
+        _, made = call.with_call(b"", metadata=(("x-request-id", "bad id!"),), timeout=30)
+    assert ("x-request-id", "frame-7") in given.trailing_metadata()
+    (made_id,) = [v for k, v in made.trailing_metadata() if k == "x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", made_id)
