@@ -16,7 +16,9 @@ from pydantic_settings import (
 )
 
 from agent.fleet.settings import FleetSettings
+from agent.grpc.settings import GrpcSettings
 from agent.pipelines.settings import PipelineSettings
+from agent.shm.settings import SharedMemorySettings
 from common.settings import settings_from
 from runtimes.settings import RuntimeSettings
 
@@ -124,6 +126,10 @@ class AgentSettings(BaseSettings):
 
     fleet: FleetSettings = FleetSettings()
     """The fleet client (MQTT); off unless fleet.mqtt_url is set."""
+    grpc: GrpcSettings = GrpcSettings()
+    """KServe V2 / Triton gRPC beside REST (off by default), on its own port and Unix socket."""
+    shared_memory: SharedMemorySettings = SharedMemorySettings()
+    """Triton's system shared memory extension: limits and who may register regions."""
     pipelines: PipelineSettings = PipelineSettings()
     """Models' processing steps: image limits, step timeouts, Python steps (off by default)."""
 
@@ -141,6 +147,20 @@ class AgentSettings(BaseSettings):
                 "api_keys_file (EDGEFLEET_AGENT_API_KEY, EDGEFLEET_AGENT_API_KEYS_FILE), listen "
                 "on 127.0.0.1 or a Unix socket (uds), or, on a network you trust, set "
                 "allow_unauthenticated (EDGEFLEET_AGENT_ALLOW_UNAUTHENTICATED=true)"
+            )
+        grpc = self.grpc
+        if (
+            grpc.enabled
+            and grpc.port is not None
+            and not is_loopback(grpc.host)
+            and self.api_key is None
+            and self.api_keys_file is None
+            and not self.allow_unauthenticated
+        ):
+            raise ValueError(
+                f"grpc.host {grpc.host!r} is beyond loopback and no API key is set: set "
+                "api_key or api_keys_file, listen on 127.0.0.1 or grpc.uds, or set "
+                "allow_unauthenticated"
             )
         return self
 
