@@ -79,6 +79,8 @@ def set_cookie(response: Response, sid: str, lifetime_s: float) -> None:
 def secure_headers(response: Response) -> Response:
     response.headers["Content-Security-Policy"] = CSP
     response.headers["X-Content-Type-Options"] = "nosniff"
-    response.headers["Referrer-Policy"] = "no-referrer"
+    # NOTE: not no-referrer: under it, Chrome sends `Origin: null` with the console's own
+    # forms, which the console's check of a form's origin could not tell from another site's
+    response.headers["Referrer-Policy"] = "same-origin"
     response.headers["Cache-Control"] = "no-store"
     return response

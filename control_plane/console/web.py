@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.staticfiles import StaticFiles
@@ -90,7 +90,13 @@ OPERATOR = Depends(operator)
 
 
 async def form(request: Request, who: Operator | None = None) -> dict[str, list[str]]:
-    """An url-encoded form, its CSRF token checked when it comes from a logged-in page."""
+    """An url-encoded form, its CSRF token checked when it comes from a logged-in page. A
+    form that another site's page sent (its ``Origin`` is not this server) is refused, the
+    login included."""
+    origin = request.headers.get("origin")
+    # a page of another site sends its own origin, or "null" (a sandbox, no-referrer)
+    if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
+        raise BadForm(403, "the form was sent from another site")
     body = b""
     async for chunk in request.stream():
         body += chunk

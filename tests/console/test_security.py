@@ -88,6 +88,17 @@ def test_a_change_without_the_csrf_token_is_refused(operator: httpx.Client, flee
     assert not any(r["version"] == 3 and r["state"] == "running" for r in rollouts)
 
 
+def test_a_form_from_another_site_is_refused(operator: httpx.Client, fleet: Fleet) -> None:
+    evil = {"origin": "http://attacker.example"}
+    resp = operator.post("/ui/login", data={"token": fleet.admin_token}, headers=evil)
+    assert resp.status_code == 403 and "set-cookie" not in resp.headers
+    null = operator.post("/ui/login", data={"token": fleet.admin_token}, headers={"origin": "null"})
+    assert null.status_code == 403
+    resp = operator.post("/ui/logout", data={"csrf": csrf_of(operator)}, headers=evil)
+    assert resp.status_code == 403 and "another site" in resp.text
+    assert operator.get("/ui/").status_code == 200  # still logged in
+
+
 def test_the_api_checks_the_values_of_a_form(operator: httpx.Client) -> None:
     csrf = csrf_of(operator)
     resp = operator.post(
