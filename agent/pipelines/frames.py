@@ -9,6 +9,7 @@ must not unpickle what code it does not trust sends back.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from typing import Any
 
@@ -18,7 +19,8 @@ from runtimes.datatypes import from_numpy, numpy_dtype
 
 Arrays = dict[str, np.ndarray]
 LENGTH = struct.Struct("<Q")
-MAX_FRAME_BYTES = 2**31
+MAX_FRAME_BYTES = 256 * 2**20
+"""Largest frame the agent reads from a worker: the worker is not trusted to size its own."""
 
 
 class FrameError(ValueError):
@@ -66,7 +68,11 @@ def decode(payload: bytes) -> tuple[Arrays, str | None]:
             offset += size
             if len(chunk) != size:
                 raise FrameError(f"tensor {name!r} is cut short")
-            count = int(np.prod(shape))
+            if not all(isinstance(d, int) and d >= 0 for d in shape):
+                raise FrameError(f"tensor {name!r} has shape {shape}")
+            count = math.prod(shape)
+            if datatype == "BYTES" and count * 4 > size:  # 4 bytes of length per element
+                raise FrameError(f"tensor {name!r}: {count} elements in {size} bytes")
             if datatype == "BYTES":
                 tensors[name] = _bytes_array(chunk, count).reshape(shape)
             else:
