@@ -30,7 +30,7 @@ from agent.errors import (
     ModelNotReadyError,
 )
 from agent.inference.batcher import Batcher, BatchObserver
-from agent.inference.priority import run_lowered
+from agent.inference.priority import lower_this_thread, run_lowered
 from agent.inference.stats import VersionStats
 from agent.inference.tuning import BatchTuning, tune_batch_size
 from agent.inference.versions import (
@@ -104,6 +104,9 @@ class ModelManager:
         self.step_executor = ThreadPoolExecutor(
             max_workers=self.pipelines.step_threads or os.cpu_count() or 1,
             thread_name_prefix="pipeline-step",
+            # they compute, as the inference threads do: below the event loop's priority
+            initializer=lower_this_thread,
+            initargs=(runtime_settings.compute_nice_offset,),
         )
         """Runs pipelines' built-in steps (image decoding, normalising, top-k)."""
         self.hardware = hardware
