@@ -49,6 +49,7 @@ def build_state(
         cpu_count=cpu_count,
         metrics=metrics,
         runtime_factory=runtime_factory,
+        pipelines=settings.pipelines,
     )
     metrics.bind(manager)
     service = InferenceService(manager, metrics, max_rows_per_request=settings.max_rows_per_request)

@@ -15,9 +15,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as triton
 
 from runtimes.examples.classifier import golden_jpeg, preprocess, top_k
-from tests.agent.server import RunningAgent, copy_models
+from tests.agent.server import RunningAgent, copy_models, serve
 from tests.mqtt_broker import free_port
-from tests.pipelines.agent import serve_pipelines
 from tests.pipelines.conftest import jpeg
 
 MAX_PIXELS = 200_000
@@ -44,7 +43,7 @@ def agent(
     (slow / "1" / "pipeline_golden.npz").unlink()
     pipelines = {"max_image_pixels": MAX_PIXELS}
     grpc = {"enabled": True, "port": grpc_port}
-    with serve_pipelines(repo, pipelines=pipelines, grpc=grpc) as running:
+    with serve(repo, pipelines=pipelines, grpc=grpc) as running:
         yield running
 
 

@@ -16,8 +16,7 @@ import pytest
 from agent.pipelines.settings import PipelineSettings, PythonSteps
 from agent.pipelines.version import python_refusal
 from common.pipeline_config import parse_pipeline
-from tests.agent.server import RunningAgent, copy_models
-from tests.pipelines.agent import serve_pipelines
+from tests.agent.server import RunningAgent, copy_models, serve
 
 STEPS = """\
 inputs = [{ name = "x", datatype = "FP32", shape = [-1, 256] }]
@@ -95,7 +94,7 @@ def agent(example_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     repo = tmp_path_factory.mktemp("repo")
     _write(repo, example_repo)
     settings = {"python_steps": "any", "python_worker_memory_mb": 768}
-    with serve_pipelines(repo, pipelines=settings) as running:
+    with serve(repo, pipelines=settings) as running:
         yield running
 
 
@@ -156,7 +155,7 @@ def test_memory_past_the_workers_limit_fails_the_request(agent: RunningAgent) ->
 
 def test_python_steps_are_off_by_default(example_repo: Path, tmp_path: Path) -> None:
     _write(tmp_path, example_repo)
-    with serve_pipelines(tmp_path) as agent:
+    with serve(tmp_path) as agent:
         rows = {r["name"]: r for r in agent.client.post("/v2/repository/index").json()}
         assert rows["scaled"]["state"] == "UNAVAILABLE"
         assert "pipelines.python_steps is off" in rows["scaled"]["reason"]
