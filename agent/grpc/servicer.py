@@ -54,10 +54,11 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         self.registry = registry
         self.keys = keys
         self.limiter = limiter
+        self._open_paths = frozenset(state.settings.api_key_open_paths)
 
     # -- admission and errors ------------------------------------------------------------
 
-    async def _admit(self, context: Context) -> str:
+    async def _admit(self, context: Context, probe: str = "") -> str:
         """The request id (the client's ``x-request-id``, or a new one, returned in the
         trailing metadata); raises (aborts the RPC) for a missing key or an empty bucket.
         Without keys, rate limit and access log nothing reads it: the metadata is left alone
@@ -67,8 +68,13 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         metadata = {k.encode(): v for k, v in context.invocation_metadata() or ()}
         try:
             if self.keys is not None or self.limiter is not None:
-                headers = {k: v.encode("latin-1") for k, v in metadata.items() if type(v) is str}
-                client = self.keys.client(headers) if self.keys is not None else context.peer()
+                headers = {
+                    k: v.encode("latin-1", "replace") for k, v in metadata.items() if type(v) is str
+                }
+                client = context.peer()
+                # the health RPCs are open where REST's probes are (api_key_open_paths)
+                if self.keys is not None and probe not in self._open_paths:
+                    client = self.keys.client(headers)
                 if self.limiter is not None:
                     self.limiter.take(client)
         except Exception as exc:
@@ -92,11 +98,11 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
     # -- health and metadata ------------------------------------------------------------
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> Any:
-        await self._admit(context)
+        await self._admit(context, probe="/v2/health/live")
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: pb.ServerReadyRequest, context: Context) -> Any:
-        await self._admit(context)
+        await self._admit(context, probe="/v2/health/ready")
         return pb.ServerReadyResponse(ready=self.state.ready())
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> Any:

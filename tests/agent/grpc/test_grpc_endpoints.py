@@ -177,11 +177,12 @@ def test_api_key_in_metadata(example_repo: Path, tmp_path: Path) -> None:
         with serve(repo, grpc=grpc_config, api_key="s3cret"):
             address = f"127.0.0.1:{grpc_config['port']}"
             with grpcclient.InferenceServerClient(address) as c:
+                assert c.is_server_live() and c.is_server_ready()  # open, as REST's probes
                 with pytest.raises(InferenceServerException) as info:
-                    c.is_server_live()
+                    c.get_server_metadata()
                 assert info.value.status() == "StatusCode.UNAUTHENTICATED"
                 good = {"authorization": "Bearer s3cret"}
-                assert c.is_server_live(headers=good)
+                assert c.get_server_metadata(headers=good).name == "edgefleet"
                 x = np.zeros((1, 256), np.float32)
                 result = c.infer("mlp", [infer_input(x)], headers={"x-api-key": "s3cret"})
                 assert result.as_numpy("logits").shape == (1, 10)
