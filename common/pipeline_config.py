@@ -22,6 +22,7 @@ read what the request carries or an earlier step wrote (which makes it a DAG)::
 
 from __future__ import annotations
 
+import re
 import tomllib
 from typing import Annotated, Literal
 
@@ -33,6 +34,11 @@ from runtimes.errors import validation_message
 PIPELINE_FILE = "pipeline.toml"
 PIPELINE_GOLDEN_FILE = "pipeline_golden.npz"
 """The pipeline's golden sample (its inputs, e.g. a JPEG, and its outputs) in a version."""
+PIPELINE_FILES = re.compile(
+    r"^(pipeline\.toml|pipeline_golden\.npz|[A-Za-z0-9_][A-Za-z0-9_.-]*\.(txt|py))$"
+)
+"""A pipeline's files besides the model (docs/pipelines.md): its steps, its golden sample,
+labels files and Python steps; uploaded before the model file, which completes a variant."""
 
 _NAME = r"^[A-Za-z0-9_.-]{1,64}$"
 _FILE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"  # a plain name in the version directory

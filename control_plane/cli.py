@@ -191,8 +191,10 @@ def register_operator_commands(root: click.Group) -> None:
         as_json: bool,
     ) -> None:
         """Upload VERSION of NAME. Each VARIANT is a directory with the model file(s), optionally
-        DIR@profile1,profile2 to reserve it for hardware profiles. golden.npz and validation.npz
-        are taken from the first directory that has them."""
+        DIR@profile1,profile2 to reserve it for hardware profiles. A pipeline's files in a
+        directory (pipeline.toml, pipeline_golden.npz, *.txt, *.py) go with its variant.
+        golden.npz and validation.npz are taken from the first directory that has them."""
+        from common.pipeline_config import PIPELINE_FILES
         from runtimes.errors import ModelFileError
         from runtimes.formats import find_model_file
 
@@ -209,7 +211,9 @@ def register_operator_commands(root: click.Group) -> None:
                 model_file, fmt = find_model_file(directory)
             except (ModelFileError, OSError) as exc:
                 raise click.BadParameter(str(exc), param_hint="VARIANTS") from exc
-            files = [model_file] + (
+            # a pipeline's files first: the model file completes the variant
+            files = sorted(f for f in directory.iterdir() if PIPELINE_FILES.match(f.name))
+            files += [model_file] + (
                 [model_file.with_suffix(".bin")] if fmt.value == "openvino_ir" else []
             )
             specs.append({"format": fmt.value, "profiles": [p for p in profiles.split(",") if p]})

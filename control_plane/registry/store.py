@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import re
 import tempfile
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -22,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
 from common.model_config import ModelConfig
+from common.pipeline_config import PIPELINE_FILES
 from common.protocol.messages import HealthCriteria
 from control_plane.db.models import Artifact, Model, ModelVersion
 from control_plane.db.session import required_utc
@@ -168,13 +168,6 @@ async def create_version(
     session.add(mv)
     await session.flush()
     return mv
-
-
-PIPELINE_FILES = re.compile(
-    r"^(pipeline\.toml|pipeline_golden\.npz|[A-Za-z0-9_][A-Za-z0-9_.-]*\.(txt|py))$"
-)
-"""A pipeline's files besides the model (docs/pipelines.md): its steps, its golden sample,
-labels files and Python steps; uploaded before the model file, which completes a variant."""
 
 
 def check_file_name(fmt: str, filename: str) -> None:

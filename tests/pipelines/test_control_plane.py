@@ -3,6 +3,9 @@ it validates a model: the golden JPEG runs through the whole pipeline on each ru
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -79,3 +82,23 @@ def test_other_files_are_still_refused(cp: RunningControlPlane) -> None:
     url = "/api/v1/models/classifier/versions/1/variants/0/files/run.sh"
     refused = cp.admin.put(url, content=b"#!/bin/sh\n")
     assert refused.status_code == 400 and "pipeline.toml" in refused.text
+
+
+@pytest.mark.slow
+def test_cli_push_takes_the_pipelines_files(cp: RunningControlPlane, tmp_path: Path) -> None:
+    (tmp_path / "v1").mkdir()
+    write_classifier(tmp_path / "v1")
+    exe = Path(sys.executable).parent / "edgefleet"
+    env = {**os.environ, "EDGEFLEET_URL": cp.url, "EDGEFLEET_TOKEN": cp.token("operator")}
+    pushed = subprocess.run(
+        [str(exe), "models", "push", "classifier", "1", str(tmp_path / "v1")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert pushed.returncode == 0, pushed.stderr
+    files = cp.admin.get("/api/v1/models/classifier/versions/1").json()["variants"][0]["files"]
+    assert {f["name"] for f in files} == {*PIPELINE_FILES, "model.onnx"}
+    validated = cp.admin.post("/api/v1/models/classifier/versions/1/validate").json()
+    assert validated["passed"], validated
