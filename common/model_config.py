@@ -54,12 +54,15 @@ class _Strict(BaseModel):
 class BatchingConfig(_Strict):
     max_batch_size: int = Field(default=32, ge=0)
     """Most rows in one batch; 0 runs every request on its own."""
-    tune: bool = False
+    tune: bool | None = None
     """At load, measure the instances' rows per second at batch sizes 1, 2, 4, ... up to
     ``max_batch_size`` and serve with the largest size reached by steps that each gained 5 %;
     where a batch of two gains less than that, requests run one at a time
-    (:mod:`agent.inference.tuning`). Costs up to about a second of load time, and at least
-    one run at one row and one at two. The model's metadata and config give the result."""
+    (:mod:`agent.inference.tuning`). None (the default) measures where ``max_batch_size`` is
+    not given (a size written is the size served), true always, false never: whether a batch
+    pays depends on the device (on some CPUs two rows of a CNN cost as much as two single
+    rows). Costs up to half a second of load time, and at least two runs at one row and two
+    at two. The model's metadata and config give the result."""
     preferred_batch_sizes: tuple[int, ...] = ()
     """Batch sizes to run at once when they can be formed, without waiting the delay."""
     max_queue_delay_us: int = Field(default=0, ge=0)
@@ -90,6 +93,13 @@ class BatchingConfig(_Strict):
         if self.default_priority_level > self.priority_levels:
             raise ValueError("default_priority_level must not exceed priority_levels")
         return self
+
+    @property
+    def measured(self) -> bool:
+        """Whether the batch size is measured at load (:attr:`tune`)."""
+        if self.tune is not None:
+            return self.tune
+        return "max_batch_size" not in self.model_fields_set
 
     @property
     def default_priority(self) -> int:
@@ -131,8 +141,10 @@ class ModelConfig(_Strict):
     """Free text shown in metadata."""
     placement: Pin | None = None
     """Pin the model to a runtime (and device) instead of the profile's preference order."""
-    instances: int = Field(default=1, ge=1, le=64)
-    """Parallel executors, each with its own session; CPU threads are split between them."""
+    instances: int = Field(default=0, ge=0, le=64)
+    """Parallel executors, each with its own session; CPU threads are split between them.
+    0 (the default) leaves the count to the agent: on a CPU one per core, at most 4, each
+    single-threaded; on another device one (:mod:`agent.inference.tuning`)."""
     evictable: bool = False
     """May be unloaded (when idle) to make room for another model within the memory budget."""
     memory_mb: int | None = Field(default=None, gt=0)

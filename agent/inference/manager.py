@@ -29,10 +29,10 @@ from agent.errors import (
     ModelNotFoundError,
     ModelNotReadyError,
 )
-from agent.inference.batcher import Batcher, BatchObserver
+from agent.inference.batcher import INLINE_MAX_S, Batcher, BatchObserver
 from agent.inference.priority import lower_this_thread, run_lowered
 from agent.inference.stats import VersionStats
-from agent.inference.tuning import BatchTuning, tune_batch_size
+from agent.inference.tuning import BatchTuning, same_config, tune_batch_size, with_instances
 from agent.inference.versions import (
     LoadedVersion,
     RuntimeFactory,
@@ -55,10 +55,12 @@ from agent.pipelines.version import (
 )
 from common.model_config import ModelConfig, ModelConfigError, load_model_config, version_dirs
 from runtimes.backends import open_model
+from runtimes.backends.onnxruntime_backend import OnnxRuntimeBackend
 from runtimes.base import Placement, Runtime
 from runtimes.errors import DeviceUnavailableError, RuntimeFailure, UnsupportedModelError
 from runtimes.formats import find_model_file
 from runtimes.hardware.context import HardwareContext
+from runtimes.hardware.heap import limit_heaps, trim_heap
 from runtimes.settings import RuntimeSettings
 
 if TYPE_CHECKING:
@@ -99,6 +101,7 @@ class ModelManager:
         pipelines: PipelineSettings | None = None,
     ) -> None:
         self.repository = repository
+        limit_heaps()  # before the threads that load and run models allocate (trim_heap)
         self.pipelines = pipelines or PipelineSettings()
         """Settings of the models' pipelines (image limits, timeouts, Python steps)."""
         self.step_executor = ThreadPoolExecutor(
@@ -254,7 +257,11 @@ class ModelManager:
             entry.error = f"no version directory of {model_dir} matches the version policy"
             raise LoadError(f"model {model!r}: {entry.error}")
         entry.error = ""
-        keep = {v: lv for v, lv in entry.served.items() if v in wanted and lv.config == config}
+        keep = {
+            v: lv
+            for v, lv in entry.served.items()
+            if v in wanted and same_config(lv.config, config)
+        }
         fresh: dict[int, LoadedVersion] = {}
         try:
             for version in wanted:
@@ -296,9 +303,13 @@ class ModelManager:
             steps = pipeline_config(version_dir, config)
             model_file, fmt = find_model_file(version_dir)
             plan = self.hardware.plan(entry.name, fmt, config.placement)
+            settings = self.runtime_settings
+            # instances = 0: one per core on a CPU (the first candidate's device decides)
+            config = with_instances(
+                config, plan.placement.device, self.cpu_count, settings.intra_op_threads
+            )
             await self._make_room(entry.name, estimate_memory_bytes(version_dir, config), name)
             started = time.monotonic()
-            settings = self.runtime_settings
 
             def load(placement: Placement) -> tuple[list[Runtime], int, bool, BatchTuning | None]:
                 runtimes, rss_added = open_instances(
@@ -319,7 +330,7 @@ class ModelManager:
                         tune_batch_size(runtimes, ran, config.batching.max_batch_size)
                         if batched
                         and ran
-                        and config.batching.tune
+                        and config.batching.measured
                         and config.batching.max_batch_size > 1
                         else None
                     )
@@ -337,6 +348,7 @@ class ModelManager:
                         "batch size measured",
                         extra={"model": entry.name, "version": version, **tuning.describe()},
                     )
+                trim_heap()  # what the load, warm-up and measurement used and freed
                 return runtimes, rss_added, batched, tuning
 
             failed: dict[str, str] = {}
@@ -425,6 +437,11 @@ class ModelManager:
                 batched=batched,
                 observer=observer,
                 nice_offset=settings.compute_nice_offset,
+                # ONNX Runtime's own sessions only: a call as long for the same shapes every
+                # time (a wrapper around one may block the loop: the tests' gated runtimes)
+                inline_max_s=INLINE_MAX_S
+                if all(type(rt) is OnnxRuntimeBackend for rt in runtimes)
+                else 0.0,
             ),
             memory_bytes=accounted_memory_bytes(version_dir, config, rss_added),
             load_s=load_s,

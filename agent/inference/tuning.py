@@ -43,7 +43,7 @@ MIN_GAIN = 0.05
 """A step to the next batch size must raise rows per second by this fraction to be taken:
 forming batches costs the event loop a little, and each request waits for the others' rows."""
 ROUNDS = 3
-BUDGET_S = 1.0
+BUDGET_S = 0.5
 """Most seconds the measurement may take; past it, what has been measured decides."""
 MIN_RUN_S = 0.01
 """Each measurement repeats a batch until it has taken about this long, so that a model of a
@@ -133,19 +133,20 @@ def search(
     """Walk up the batch sizes ``rounds`` times with ``rate`` (rows per second at a size),
     each walk stopping at the first size that did not gain on the best rates so far.
 
-    The first walk measures 1 and 2 whatever the budget: without them nothing is decided.
+    The first two walks measure 1 and 2 whatever the budget: without them nothing is
+    decided, and a second look at each keeps one disturbed run (a busy device) from deciding.
     """
     started = clock()
     best: dict[int, float] = {}
     sizes = sizes_up_to(limit)
-    for _ in range(rounds):
+    for walk in range(rounds):
         for i, size in enumerate(sizes):
-            if len(best) > 1 and clock() - started > budget_s:
+            if (walk > 1 or i > 1) and clock() - started > budget_s:
                 break
             best[size] = max(best.get(size, 0.0), rate(size))
             if i and best[size] < (1 + min_gain) * best[sizes[i - 1]]:
                 break
-        if clock() - started > budget_s:
+        if walk > 0 and clock() - started > budget_s:
             break
     return BatchTuning(best, chosen_size(best, limit, min_gain), clock() - started)
 

@@ -362,3 +362,95 @@ def test_a_batch_queued_behind_the_running_one_is_not_formed_before_it_is_full()
         assert rt.batches == [(1, 4), (3, 4)]
 
     run(main())
+
+
+class ThreadRecordingRuntime(EchoRuntime):
+    """An EchoRuntime that records the thread each batch ran in."""
+
+    def __init__(self, compute_s: float = 0.0) -> None:
+        super().__init__(compute_s=compute_s)
+        self.threads: list[str] = []
+
+    def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.threads.append(threading.current_thread().name)
+        return super()._run(inputs)
+
+
+def _one_at_a_time(batcher: Batcher, count: int) -> list[object]:
+    async def go() -> list[object]:
+        batcher.start()
+        try:
+            rng = np.random.default_rng(1)
+            return [
+                await batcher.infer(
+                    {"x": rng.standard_normal((1, 3)).astype(np.float32)},
+                    1,
+                    priority=1,
+                    timeout_s=None,
+                )
+                for _ in range(count)
+            ]
+        finally:
+            await batcher.close()
+
+    return run(go())
+
+
+def test_a_lone_fast_request_runs_on_the_event_loop_once_its_shape_was_timed() -> None:
+    runtime = ThreadRecordingRuntime()
+    batcher = Batcher(
+        "echo",
+        [runtime],
+        BatchingConfig(),
+        batched=True,
+        inline_max_s=0.5,  # type: ignore[list-item]
+    )
+    results = _one_at_a_time(batcher, 3)
+    # the first run of a shape is timed in the instance's thread, the next ones run on the loop
+    assert runtime.threads[0] == "echo-0"
+    assert runtime.threads[1:] == [threading.main_thread().name] * 2
+    rng = np.random.default_rng(1)
+    for result in results:
+        x = rng.standard_normal((1, 3)).astype(np.float32)
+        np.testing.assert_array_equal(result.outputs["y"], x * 2)  # type: ignore[attr-defined]
+        assert result.batch_rows == 1  # type: ignore[attr-defined]
+
+
+def test_a_slow_request_or_a_batcher_without_the_limit_stays_on_the_threads() -> None:
+    slow = ThreadRecordingRuntime(compute_s=0.01)
+    batcher = Batcher(
+        "echo",
+        [slow],
+        BatchingConfig(),
+        batched=True,
+        inline_max_s=0.005,  # type: ignore[list-item]
+    )
+    _one_at_a_time(batcher, 3)
+    assert slow.threads == ["echo-0"] * 3
+    fast = ThreadRecordingRuntime()
+    _one_at_a_time(Batcher("echo", [fast], BatchingConfig(), batched=True), 3)  # type: ignore[list-item]
+    assert fast.threads == ["echo-0"] * 3
+
+
+def test_requests_that_come_together_still_batch_in_the_threads_with_the_limit() -> None:
+    runtime = ThreadRecordingRuntime()
+    batcher = Batcher(
+        "echo",
+        [runtime],  # type: ignore[list-item]
+        BatchingConfig(balance_batches=False),
+        batched=True,
+        inline_max_s=0.5,
+    )
+
+    async def go() -> list[object]:
+        batcher.start()
+        try:
+            row = np.ones((1, 3), np.float32)
+            await batcher.infer({"x": row}, 1, priority=1, timeout_s=None)  # its shape timed
+            return await _submit_all(batcher, [row] * 4)
+        finally:
+            await batcher.close()
+
+    results = run(go())
+    assert runtime.batches == [(1, 3), (4, 3)] and runtime.threads == ["echo-0"] * 2
+    assert all(r.batch_rows == 4 for r in results)  # type: ignore[attr-defined]

@@ -149,10 +149,11 @@ def test_version_policies(example_repo: Path, tmp_path: Path) -> None:
 
 
 def test_config_change_reloads_the_same_version(example_repo: Path, tmp_path: Path) -> None:
-    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    untuned = "[batching]\ntune = false\n"  # the batch size as written, not as measured
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp", configs={"mlp": untuned})
     with serve(repo) as agent:
         assert agent.client.get("/v2/models/mlp/config").json()["batching"]["max_batch_size"] == 32
-        (repo / "mlp/config.toml").write_text("[batching]\nmax_batch_size = 8\n")
+        (repo / "mlp/config.toml").write_text(untuned + "max_batch_size = 8\n")
         assert agent.client.post("/v2/repository/models/mlp/load").status_code == 200
         assert agent.client.get("/v2/models/mlp/config").json()["batching"]["max_batch_size"] == 8
         (repo / "mlp/config.toml").write_text("[batching]\nmax_batch_size = -1\n")
@@ -200,12 +201,12 @@ def test_memory_budget_refuses_a_load_and_evicts_idle_evictable_models(
         text.replace("memory_budget_fraction = 0.6", "memory_budget_mb = 20")
     )
     root = MACHINES["generic-x86_64"].build(tmp_path / "root")
-    configs = {"mlp": "memory_mb = 12\nevictable = true\n"}
+    configs = {"mlp": "memory_mb = 12\nevictable = true\ninstances = 1\n"}
     repo = copy_models(example_repo, tmp_path / "repo", "mlp", configs=configs)
     with serve(repo, profiles_dir=profiles, hardware_root=root) as agent:
         for name in ("mlp_b", "mlp_c"):
             shutil.copytree(repo / "mlp", repo / name)
-            (repo / name / "config.toml").write_text("memory_mb = 12\n")
+            (repo / name / "config.toml").write_text("memory_mb = 12\ninstances = 1\n")
         # mlp is idle and evictable: it makes room for mlp_b
         assert agent.client.post("/v2/repository/models/mlp_b/load").status_code == 200
         assert infer(agent.client, "mlp_b").status_code == 200

@@ -37,6 +37,10 @@ def rows_marked(*marks: float, n_rows: int = 1) -> np.ndarray:
 def agent_with(
     example_repo: Path, tmp_path: Path, config: str, gate: Gate | None = None
 ) -> Iterator[RunningAgent]:
+    # one instance and the batch size as written, unless a test says otherwise: what the gate
+    # holds and the counts below assume (by default the agent picks both on the device)
+    config = ("" if "instances" in config else "instances = 1\n") + config
+    config = config.replace("[batching]\n", "[batching]\ntune = false\n", 1)
     repo = copy_models(example_repo, tmp_path / "repo", "mlp", configs={"mlp": config})
     factory = gated_factory(gate) if gate is not None else open_model
     with serve(repo, runtime_factory=factory) as agent:

@@ -4,6 +4,7 @@ larger than it, every request answered."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -13,8 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.inference.tuning import chosen_size, search, sizes_up_to
-from common.model_config import BatchingConfig
+from agent.inference.tuning import (
+    MAX_AUTO_INSTANCES,
+    chosen_size,
+    same_config,
+    search,
+    sizes_up_to,
+    with_instances,
+)
+from common.model_config import BatchingConfig, ModelConfig
 from runtimes.backends import open_model
 from runtimes.base import Placement, Runtime
 from runtimes.errors import InferenceFailedError
@@ -75,7 +83,7 @@ def test_each_size_keeps_its_best_round_and_no_size_past_a_step_that_did_not_gai
     assert tuning.max_batch_size == 4
 
 
-def test_past_the_budget_only_one_and_two_are_measured() -> None:
+def test_past_the_budget_only_one_and_two_are_measured_twice() -> None:
     ticks = iter(range(100))
     measured: list[int] = []
 
@@ -84,7 +92,7 @@ def test_past_the_budget_only_one_and_two_are_measured() -> None:
         return 100.0 * size
 
     tuning = search(rate, 32, budget_s=0.5, clock=lambda: float(next(ticks)))
-    assert measured == [1, 2]
+    assert measured == [1, 2, 1, 2]
     assert tuning.max_batch_size == 2
 
 
@@ -191,7 +199,50 @@ def test_a_batch_size_that_fails_ends_the_walk_and_requests_still_answer(
 
 
 def test_without_tune_nothing_is_measured(example_repo: Path, tmp_path: Path) -> None:
-    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    untuned = "[batching]\ntune = false\n"
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp", configs={"mlp": untuned})
     with serve(repo) as agent:
         params = agent.client.get("/v2/models/mlp").json()["parameters"]
     assert "batch_tuning" not in params and params["max_batch_size"] == 32
+
+
+@pytest.mark.slow
+def test_out_of_the_box_a_model_is_tuned_on_one_instance_per_core(
+    example_repo: Path, tmp_path: Path
+) -> None:
+    """No config.toml: the instance count chosen from the cores, the batch size measured,
+    both given by the model's config and metadata as served."""
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    (repo / "mlp" / "config.toml").unlink(missing_ok=True)
+    cpus = len(os.sched_getaffinity(0))
+    with serve(repo) as agent:
+        config = agent.client.get("/v2/models/mlp/config").json()
+        params = agent.client.get("/v2/models/mlp").json()["parameters"]
+        assert agent.infer_json("mlp", [ROW]).status_code == 200
+    # at most the usable cores (a cgroup quota may allow fewer), at most MAX_AUTO_INSTANCES
+    assert 1 <= config["instances"] <= min(cpus, MAX_AUTO_INSTANCES), config
+    assert config["batching"]["tune"] is None  # measured where max_batch_size is not given
+    assert params["batch_tuning"]["max_batch_size"] == config["batch_tuning"]["max_batch_size"]
+    assert config["batching"]["max_batch_size"] in (0, params["batch_tuning"]["max_batch_size"])
+
+
+def test_the_instance_count_is_chosen_from_the_cores_only_where_left_open() -> None:
+    auto = ModelConfig()
+    assert auto.instances == 0 and auto.batching.measured
+    # a size written is the size served, unless tune says otherwise
+    assert not BatchingConfig(max_batch_size=8).measured
+    assert BatchingConfig(max_batch_size=8, tune=True).measured
+    assert not BatchingConfig(tune=False).measured
+    assert with_instances(auto, "CPU", 2).instances == 2
+    assert with_instances(auto, "CPU", 1).instances == 1
+    assert with_instances(auto, "CPU", 16).instances == MAX_AUTO_INSTANCES
+    assert with_instances(auto, "CPU", 8, intra_op_threads=4).instances == 2
+    assert with_instances(auto, "GPU", 16).instances == 1
+    assert with_instances(auto, "AUTO:NPU,CPU", 16).instances == 1
+    pinned = ModelConfig(instances=3)
+    assert with_instances(pinned, "CPU", 2) == pinned
+    # a reload of the same file keeps a version whose count was chosen, not one pinned apart
+    served = with_instances(auto, "CPU", 2)
+    assert same_config(served, auto) and same_config(served, ModelConfig(instances=2))
+    assert not same_config(served, pinned)
+    assert not same_config(served, ModelConfig(description="changed"))

@@ -111,8 +111,8 @@ def test_the_real_root_counts_the_cpus_this_process_may_run_on() -> None:
 def test_an_agent_under_a_cpu_quota_sizes_its_runtimes_thread_pools_by_it(
     example_repo: Path, tmp_path: Path
 ) -> None:
-    """A real agent on a fake 16-core host whose container may use 1.5 CPUs: its one instance
-    of ``mlp`` is given two intra-op threads, where ONNX Runtime would count the host's cores
+    """A real agent on a fake 16-core host whose container may use 1.5 CPUs: one instance
+    of ``mlp`` is given two intra-op threads (two instances one each), where ONNX Runtime would count the host's cores
     (the runtime factory seam records what each instance was given)."""
     given: list[int] = []
 
@@ -121,7 +121,13 @@ def test_an_agent_under_a_cpu_quota_sizes_its_runtimes_thread_pools_by_it(
         return open_model(model_file, placement, settings)
 
     root = _machine(V2_CONTAINER).build(tmp_path / "host")
-    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp", configs={"mlp": "instances = 1\n"})
     with serve(repo, hardware_root=root, runtime_factory=recording) as agent:
         assert agent.infer_json("mlp", [[0.5] * 256]).status_code == 200
     assert given == [2]
+    # the instance count left to the agent: one single-threaded instance per usable CPU
+    given.clear()
+    (repo / "mlp" / "config.toml").unlink()
+    with serve(repo, hardware_root=root, runtime_factory=recording) as agent:
+        assert agent.infer_json("mlp", [[0.5] * 256]).status_code == 200
+    assert given == [1, 1]

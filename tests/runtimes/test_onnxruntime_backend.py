@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from runtimes.backends import open_model
 from runtimes.backends.onnxruntime_backend import CPU_PROVIDER, cpu_fallback
 from runtimes.base import Placement
 from runtimes.errors import InputShapeError, InvalidInputError, ModelFileError
+from runtimes.hardware.heap import limit_heaps, trim_heap
 from runtimes.settings import RuntimeSettings
 
 CPU = Placement(runtime="onnxruntime", providers=(CPU_PROVIDER,))
@@ -244,3 +246,34 @@ def test_empty_onnx_file_is_a_model_file_error(tmp_path: Path) -> None:
     with pytest.raises(ModelFileError, match="model.onnx") as info:
         open_model(tmp_path / "model.onnx", CPU)
     assert info.value.code == "model_invalid"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_sessions_without_the_arena_answer_as_onnxruntime_does(
+    example_repo: Path, model: str
+) -> None:
+    """The backend's sessions run without ONNX Runtime's CPU arena (which kept its largest
+    size for good) and the heap is trimmed after a large batch: the outputs are ONNX Runtime's
+    own, with its defaults, before and after."""
+    model_file = example_repo / model / "1" / "model.onnx"
+    runtime = open_model(model_file, CPU, RuntimeSettings(intra_op_threads=1))
+    reference = onnxruntime.InferenceSession(str(model_file), providers=[CPU_PROVIDER])
+    name = reference.get_inputs()[0].name
+    row_shape = [d if isinstance(d, int) else 1 for d in reference.get_inputs()[0].shape[1:]]
+    rng = np.random.default_rng(3)
+    try:
+        for rows in (1, 8, 1):
+            x = rng.standard_normal((rows, *row_shape)).astype(np.float32)
+            (expected,) = reference.run(None, {name: x})
+            (got,) = runtime.infer({name: x}).values()
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+            if rows > 1:
+                trim_heap()
+    finally:
+        runtime.close()
+
+
+def test_the_heap_is_limited_and_trimmed_where_the_c_library_is_glibc() -> None:
+    expected = sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
+    assert limit_heaps() is expected and trim_heap() is expected
