@@ -75,7 +75,7 @@ RAW_INSTANCES = (1, 2, 3)
 """Raw ONNX Runtime's limit is the best of these numbers of sessions side by side (one of them
 the agent's) at every batch size."""
 
-UNBATCHED = frozenset({"fastapi", "lean"})
+UNBATCHED = frozenset({"fastapi", "fastapi-async", "lean"})
 """Systems that run one request per ``session.run`` by construction."""
 
 BODY_KINDS = {

@@ -3,6 +3,7 @@
 - ``agent``: ``edgefleet agent`` with dynamic batching (the model's default config);
 - ``agent-nobatch``: the same with ``max_batch_size = 0``;
 - ``fastapi``: :mod:`benchmarks.serving.plain_endpoint`, ONNX Runtime per request;
+- ``fastapi-async``: its async flavour, orjson and the session run on uvloop's event loop;
 - ``lean``: :mod:`benchmarks.serving.lean_server`, the leanest Python server of the V2 infer route,
   as a measure of what any Python server pays here (binary bodies);
 - ``mlserver``: MLServer 1.7 with :mod:`benchmarks.serving.mlserver_runtime` and adaptive
@@ -131,10 +132,12 @@ def agent(
     cache_dir: Path | None = None,
     config: str = "",
     env: Mapping[str, str] | None = None,
+    name: str = "",
 ) -> AbstractContextManager[Running]:
     """``repository`` holds only ``model``; ``config`` is its config.toml's top-level settings
     (none by default); with ``batching=False`` its config turns batching off; ``cache_dir`` is
-    the compiled-model cache (none by default); ``env`` is added to the process's environment."""
+    the compiled-model cache (none by default); ``env`` is added to the process's environment;
+    ``name`` names the system (by default ``agent`` or ``agent-nobatch``)."""
     if config or not batching:
         text = config + ("" if batching else "[batching]\nmax_batch_size = 0\n")
         (repository / model / "config.toml").write_text(text)
@@ -146,19 +149,29 @@ def agent(
     if cache_dir is not None:
         environment["EDGEFLEET_AGENT_RUNTIME__CACHE_DIR"] = str(cache_dir)
     args = [str(exe), "agent", "--model-repository", str(repository), "--port", str(port)]
-    name = "agent" if batching else "agent-nobatch"
+    name = name or ("agent" if batching else "agent-nobatch")
     return server_process(name, args, environment, port, model, probe_body, logs / f"{name}.log")
 
 
 def fastapi_endpoint(
-    model_file: Path, model: str, probe_body: bytes, logs: Path
+    model_file: Path | list[Path],
+    model: str,
+    probe_body: bytes,
+    logs: Path,
+    *,
+    fast: bool = False,
 ) -> AbstractContextManager[Running]:
+    """The plain endpoint serving ``model_file`` (or several, each under its model's name);
+    ``fast``: the async orjson flavour on uvloop and httptools (``fastapi-async``)."""
     port = free_port()
+    files = model_file if isinstance(model_file, list) else [model_file]
+    name = "fastapi-async" if fast else "fastapi"
+    app = "async_app" if fast else "app"
     args = [
         sys.executable,
         "-m",
         "uvicorn",
-        "benchmarks.serving.plain_endpoint:app",
+        f"benchmarks.serving.plain_endpoint:{app}",
         "--host",
         "127.0.0.1",
         "--port",
@@ -166,9 +179,10 @@ def fastapi_endpoint(
         "--no-access-log",
         "--log-level",
         "warning",
+        *(["--loop", "uvloop", "--http", "httptools"] if fast else []),
     ]
-    env = quiet_env(EDGEFLEET_BENCH_MODEL=str(model_file))
-    return server_process("fastapi", args, env, port, model, probe_body, logs / "fastapi.log")
+    env = quiet_env(EDGEFLEET_BENCH_MODEL=os.pathsep.join(str(f) for f in files))
+    return server_process(name, args, env, port, model, probe_body, logs / f"{name}.log")
 
 
 def lean_server(
