@@ -106,8 +106,8 @@ class Enrolment:
             EnrolmentFailed: refused (an expired, revoked or used-up claim, a rejection...).
         """
         s = self.settings
+        claim = _claim(s)
         request = EnrolmentRequest(
-            claim=_claim(s),
             device_id=s.device_id,
             device_key=_device_key(s.state_dir),
             hardware_profile=self.hardware_profile,
@@ -120,7 +120,7 @@ class Enrolment:
             while True:
                 wait = delay
                 try:
-                    answer = await self._ask(client, url, request)
+                    answer = await self._ask(client, url, claim, request)
                 except (httpx.HTTPError, _Transient) as exc:
                     log.warning(
                         "enrolment: control plane unavailable",
@@ -138,9 +138,10 @@ class Enrolment:
                 await asyncio.sleep(wait * random.uniform(0.8, 1.2))
 
     async def _ask(
-        self, client: httpx.AsyncClient, url: str, request: EnrolmentRequest
+        self, client: httpx.AsyncClient, url: str, claim: str, request: EnrolmentRequest
     ) -> EnrolmentAnswer:
-        resp = await client.post(url, content=request.model_dump_json(), headers=_JSON)
+        headers = {"content-type": "application/json", "authorization": f"Bearer {claim}"}
+        resp = await client.post(url, content=request.model_dump_json(), headers=headers)
         if resp.status_code in (200, 201, 202):
             try:
                 return EnrolmentAnswer.model_validate_json(resp.content)
@@ -184,6 +185,3 @@ class Enrolment:
 
 class _Transient(Exception):
     pass
-
-
-_JSON = {"content-type": "application/json"}

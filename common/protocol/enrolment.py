@@ -1,6 +1,7 @@
 """Zero-touch provisioning on the wire: what a device that holds a claim token sends to the
-control plane's ``POST /api/v1/enrol``, and the answer. A refusal is an HTTP error (401, 403,
-409) whose JSON body is ``{"error": message, "code": ..., "reason": ...}``, the reason one of
+control plane's ``POST /api/v1/enrol`` (the token itself in ``Authorization: Bearer``, checked
+before the body is read), and the answer. A refusal is an HTTP error (401, 403, 409) whose JSON
+body is ``{"error": message, "code": ..., "reason": ...}``, the reason one of
 ``control_plane.enrolment.states.Refusal``."""
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ class EnrolmentRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     schema_version: Literal[1] = 1
-    claim: str = Field(min_length=1, max_length=256)
-    """The claim token (``efc_...``) the device was given."""
     device_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
     device_key: str = Field(min_length=32, max_length=256)
     """A secret the device made at its first request and keeps: only it may collect the

@@ -1,6 +1,6 @@
 """Enrolment routes: operators create, list and revoke claims and decide pending devices;
-devices exchange a claim for their identity (``POST /api/v1/enrol``, no API token: the claim
-token is the credential)."""
+devices exchange a claim for their identity (``POST /api/v1/enrol``: the claim token, not an
+API token, is the bearer credential, and an unknown one is refused before the body is read)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ REFUSAL_STATUS = {
     Refusal.DEVICE_EXISTS: 409,
 }
 """The HTTP status of a refusal; the others are 403."""
+MAX_REQUEST_BYTES = 64 * 1024
 
 
 class Decision(BaseModel):
@@ -70,8 +71,12 @@ def enroller(request: Request) -> Enroller:
 
 def _refused(exc: EnrolmentRefused) -> Response:
     status = REFUSAL_STATUS.get(exc.reason, 403)
-    doc = {"error": exc.message, "code": "enrolment_refused", "reason": exc.reason.value}
-    return json_response(doc, status)
+    code = "unauthorized" if status == 401 else "enrolment_refused"
+    doc = {"error": exc.message, "code": code, "reason": exc.reason.value}
+    resp = json_response(doc, status)
+    if status == 401:
+        resp.headers["WWW-Authenticate"] = "Bearer"
+    return resp
 
 
 def _unavailable(message: str) -> Response:
@@ -88,14 +93,23 @@ def _unavailable(message: str) -> Response:
     responses={201: {"description": "enrolled"}, 202: {"description": "waiting for approval"}},
 )
 async def enrol(request: Request) -> Response:
-    raw = await read_bounded(request, 64 * 1024)
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    try:
+        if scheme.lower() != "bearer" or not token.strip():
+            raise EnrolmentRefused(
+                Refusal.UNKNOWN_CLAIM, "send the claim token: 'Authorization: Bearer efc_...'"
+            )
+        await enroller(request).check_claim(token.strip())  # before the body is read
+    except EnrolmentRefused as exc:
+        return _refused(exc)
+    raw = await read_bounded(request, MAX_REQUEST_BYTES)
     try:
         req = EnrolmentRequest.model_validate(json.loads(raw))
     except (ValueError, RecursionError) as exc:
         errors = exc.errors() if isinstance(exc, ValidationError) else None
         raise Invalid(field_error(errors) if errors else f"body: not JSON ({exc})") from None
     try:
-        answer = await enroller(request).enrol(req)
+        answer = await enroller(request).enrol(token.strip(), req)
     except EnrolmentRefused as exc:
         return _refused(exc)
     except (DynsecError, OSError) as exc:

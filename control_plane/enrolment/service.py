@@ -47,13 +47,22 @@ class Enroller:
         self.topic_prefix = topic_prefix
         self.pending_retry_s = pending_retry_s
 
-    async def enrol(self, req: EnrolmentRequest) -> EnrolmentAnswer:
-        """Raises:
-        EnrolmentRefused: the claim is unknown, expired, revoked or used up; the device is out
-            of its scope, rejected, or another device's id."""
+    async def check_claim(self, token: str) -> None:
+        """Raise EnrolmentRefused (unknown_claim) unless ``token`` is a claim's, whatever its
+        state: the route asks before it reads the body."""
+        async with self.sessions() as s:
+            await find_claim(s, token)
+
+    async def enrol(self, token: str, req: EnrolmentRequest) -> EnrolmentAnswer:
+        """Exchange the claim ``token`` for ``req``'s device.
+
+        Raises:
+            EnrolmentRefused: the claim is unknown, expired, revoked or used up; the device is
+                out of its scope, rejected, or another device's id.
+        """
         now = datetime.now(UTC)
         async with self.sessions.begin() as s:
-            claim = await find_claim(s, req.claim)
+            claim = await find_claim(s, token)
             row = await s.get(Enrolment, req.device_id)
             if row is None:
                 row = await self._admit(s, claim, req, now)

@@ -139,11 +139,10 @@ def claimed_agent(
 
 def enrol(cp: RunningControlPlane, token: str, device_id: str, **fields: Any) -> httpx.Response:
     body = {
-        "claim": token,
         "device_id": device_id,
         "device_key": f"key-of-{device_id}-" + "x" * 32,
         "hardware_profile": "raspberry-pi-5",
         **fields,
     }
     with httpx.Client(base_url=cp.url, timeout=30) as client:
-        return client.post("/api/v1/enrol", json=body)
+        return client.post("/api/v1/enrol", json=body, headers={"Authorization": f"Bearer {token}"})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import httpx
 import pytest
 
 from agent.fleet.enrol import Enrolment, EnrolmentFailed, load_identity
@@ -66,8 +67,12 @@ def test_claims_refuse_with_a_reason(cp: RunningControlPlane) -> None:
     assert states == ["used_up", "revoked", "expired"]  # oldest first
     assert "token" not in cp.admin.get("/api/v1/claims").json()[0]
 
-    resp = cp.admin.post("/api/v1/enrol", json={"claim": once, "device_id": "a/b"})
+    resp = enrol(cp, once, "a/b")
     assert resp.status_code == 400 and "device_id" in resp.json()["error"]
+    with httpx.Client(base_url=cp.url) as anonymous:  # no claim: refused before the body
+        resp = anonymous.post("/api/v1/enrol", content=b"{not json")
+    assert (resp.status_code, resp.json()["reason"]) == (401, "unknown_claim")
+    assert resp.headers["www-authenticate"] == "Bearer"
     with cp.client(cp.token("viewer")) as viewer:
         assert viewer.post("/api/v1/claims", json={"name": "x"}).status_code == 403
 
