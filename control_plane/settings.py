@@ -124,8 +124,9 @@ class ControlPlaneSettings(BaseSettings):
     accuracy_margin: float = Field(default=0.01, ge=0)
     """A version's accuracy may be at most this much below the production version's."""
     console_live_interval_s: float = Field(default=5.0, gt=0)
-    """How often an open telemetry page of the console (``/ui/telemetry``) gets a live point:
-    each reads the fleet counters and a page of 50 telemetry windows per chart."""
+    """How often an open console page that updates itself reads what it shows: a telemetry
+    page (``/ui/telemetry``) gets a live point (the fleet counters and 50 telemetry windows
+    per chart), an active rollout's page its progress (the rollout with every device row)."""
     log_level: str = "INFO"
     enrolment: EnrolmentSettings = EnrolmentSettings()
     """Zero-touch provisioning: where claimed devices get their broker user (docs/enrolment.md)."""
