@@ -231,12 +231,23 @@ def register_fleet(root: click.Group) -> None:
     @fleet.command("dynsec-config")
     @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
     @click.option("--topic-prefix", default="edgefleet", show_default=True)
+    @click.option(
+        "--force",
+        is_flag=True,
+        help="Replace an existing file, and every user the broker kept in it.",
+    )
     @STATE_DIR
     @os_failures
-    def dynsec_config(out: Path, topic_prefix: str, state_dir: Path) -> None:
+    def dynsec_config(out: Path, topic_prefix: str, force: bool, state_dir: Path) -> None:
         """Write the first file of Mosquitto's dynamic security plugin: the control plane's
         broker user (its password kept in the state directory), which administers the plugin
         and so creates the users of devices enrolled by claim (docs/enrolment.md)."""
+        if out.exists() and not force:
+            # the broker keeps enrolled devices' users in this file: replacing it locks them out
+            raise click.ClickException(
+                f"{out} exists (the broker keeps enrolled devices' users in it); "
+                "--force replaces it"
+            )
         from common.files import write_atomically
         from common.protocol.topics import Topics
         from control_plane.enrolment.dynsec import initial_config
