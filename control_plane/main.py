@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import uvicorn
 from pydantic import SecretStr
+from sqlalchemy.engine import make_url
 
 from common.logs import configure_logging
 from common.server import GracefulServer
@@ -14,6 +16,7 @@ from control_plane.api.deps import Services
 from control_plane.db.session import make_engine, migrate, session_factory
 from control_plane.ingest.ingestor import Ingestor
 from control_plane.ingest.presence import SilenceRule
+from control_plane.leadership.lease import Leadership
 from control_plane.metrics import FleetMetrics
 from control_plane.mqtt.bus import FleetBus
 from control_plane.registry.store import ArtifactStore
@@ -73,6 +76,14 @@ def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
         last_seen_resolution_s=settings.last_seen_resolution_s,
     )
     bus = FleetBus(settings, ingestor)
+    # replicas share a PostgreSQL database and elect a leader; on SQLite there is one replica
+    leadership = Leadership(
+        sessions,
+        f"{settings.mqtt_client_id}:{os.getpid()}",
+        single=make_url(settings.db_url).get_backend_name() == "sqlite",
+        ttl_s=settings.leader_lease_ttl_s,
+        renew_interval_s=settings.leader_renew_interval_s,
+    )
     rollouts = RolloutEngine(
         sessions,
         bus,
@@ -81,6 +92,7 @@ def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
         manifest_ttl_s=settings.manifest_ttl_s,
         artifact_base_url=settings.artifact_base_url(),
         tick_s=settings.rollout_tick_s,
+        leadership=leadership,
     )
     ingestor.listeners.append(rollouts.on_events)
     ingestor.on_device_online.append(rollouts.on_device_online)

@@ -56,7 +56,17 @@ class ControlPlaneSettings(BaseSettings):
     the control plane restarts waits there for it."""
     mqtt_session_expiry_s: int = Field(default=24 * 3600, ge=0)
     mqtt_shared_group: str | None = None
-    """Subscribe through $share/<group>/... so several control planes split the ingest."""
+    """Subscribe through $share/<group>/... so several control planes (replicas on one
+    PostgreSQL database, each with its own ``mqtt_client_id``) split the ingest. Its session
+    then ends with its connection (no ``mqtt_session_expiry_s``): a broker keeps dispatching a
+    share to a member's offline session (eclipse/mosquitto#1747), where a dead replica's share
+    would wait; the devices send again what was never acknowledged (docs/scaling.md)."""
+    leader_lease_ttl_s: float = Field(default=6.0, gt=0)
+    """Replicas on PostgreSQL: how long the leader's lease lasts unrenewed; a killed leader's
+    loops (rollouts, deployments, maintenance) move to another replica within this plus
+    ``leader_renew_interval_s`` (control_plane.leadership)."""
+    leader_renew_interval_s: float = Field(default=1.5, gt=0)
+    """How often the leader renews its lease, and a follower tries to take it."""
     topic_prefix: str = "edgefleet"
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
@@ -148,6 +158,15 @@ class ControlPlaneSettings(BaseSettings):
     def _one_broker_password(self) -> ControlPlaneSettings:
         if self.mqtt_password is not None and self.mqtt_password_file is not None:
             raise ValueError("give mqtt_password or mqtt_password_file, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _lease_renewed_in_time(self) -> ControlPlaneSettings:
+        if self.leader_renew_interval_s * 2 > self.leader_lease_ttl_s:
+            raise ValueError(
+                "leader_renew_interval_s must be at most half of leader_lease_ttl_s "
+                "(the leader stops acting one renewal before its lease runs out)"
+            )
         return self
 
     def artifact_base_url(self) -> str:

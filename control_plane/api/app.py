@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -58,9 +59,15 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
         tasks = [
             asyncio.create_task(svc.bus.run(), name="mqtt"),
             asyncio.create_task(svc.ingestor.run(), name="ingest"),
-            asyncio.create_task(svc.engine.run(), name="rollouts"),
-            asyncio.create_task(app.state.deployments.run(), name="deployments"),
-            asyncio.create_task(retention.run(svc.sessions, svc.settings), name="maintenance"),
+            # the loops that must not run twice: on the replica that leads, while it leads
+            asyncio.create_task(
+                svc.engine.leadership.run(
+                    rollouts=svc.engine.run,
+                    deployments=app.state.deployments.run,
+                    maintenance=functools.partial(retention.run, svc.sessions, svc.settings),
+                ),
+                name="leadership",
+            ),
         ]
         try:
             yield

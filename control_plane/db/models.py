@@ -398,3 +398,18 @@ class MaintenanceWindow(Base):
     """IANA name (Europe/Paris): the cron fields are read in its local time, DST included."""
     created_by: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime]
+
+
+class LeaderLease(Base):
+    """Who leads the singleton loops (rollouts, deployments, maintenance) among the control
+    plane replicas sharing this database (:mod:`control_plane.leadership`)."""
+
+    __tablename__ = "leader_leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(128))
+    """The replica that holds it (its broker client id and process id)."""
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    """The fencing token: one more at every grant to a new holder, never reused."""
+    expires_at: Mapped[datetime]
+    """The database's clock: a holder renews before then, or another may take it."""

@@ -68,6 +68,7 @@ class DeploymentReconciler:
                     f"deployment:{d.name}",
                     only=set(due),
                     deployment_id=d.id,
+                    fenced=True,  # a loop of the leader's: a stale one starts nothing
                 )
             except ControlPlaneError as exc:  # not validated, archived, busy meanwhile...
                 if self.problems.get(deployment_id) != exc.message:

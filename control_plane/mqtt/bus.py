@@ -210,7 +210,8 @@ class FleetBus:
             server_hostname=url.hostname,
             keepalive_s=KEEPALIVE_S,
             clean_start=False,
-            session_expiry_s=s.mqtt_session_expiry_s,
+            # a replica's session ends with it: the broker would queue a dead member's share
+            session_expiry_s=0 if s.mqtt_shared_group else s.mqtt_session_expiry_s,
             # Device messages are acknowledged once stored, not on receipt (a control plane
             # killed with a batch in memory gets it again): this many may await their
             # acknowledgement at once, and the ingest batch is written when it holds them.

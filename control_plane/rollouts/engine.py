@@ -10,7 +10,9 @@
 
 All state lives in the database, so a restarted control plane picks every rollout up where it
 was. Device events move device states at once; a periodic tick handles timers (device
-timeouts, bake times). One lock serialises every transition.
+timeouts, bake times). One lock serialises every transition in a process, and a row lock on
+the rollout across replicas: any replica applies device events and operators' requests, one
+(the leader, :mod:`control_plane.leadership`) steps rollouts, under its fencing epoch.
 
 Rolling back: a device that committed the new version gets a signed rollback command that
 only acts if it still runs that version (it keeps the previous version on disk); a device
@@ -37,6 +39,7 @@ from common.protocol.messages import UpdateEvent
 from control_plane.db.models import Device, Rollout, RolloutDevice
 from control_plane.db.session import required_utc
 from control_plane.errors import Conflict, NotFound
+from control_plane.leadership.lease import Fenced, Leadership
 from control_plane.metrics import FleetMetrics
 from control_plane.mqtt.bus import FleetBus
 from control_plane.rollouts.events import CHUNK, NEVER_REPORTED, apply_events, moves_rollout
@@ -69,8 +72,12 @@ class RolloutEngine:
         manifest_ttl_s: float,
         artifact_base_url: str,
         tick_s: float,
+        leadership: Leadership,
     ) -> None:
+        """``leadership``: this engine's loop runs on the replica that leads (see
+        :mod:`control_plane.leadership`); its steps commit only under the leader's epoch."""
         self.sessions = sessions
+        self.leadership = leadership
         self.bus = bus
         self.keys = keys
         self.metrics = metrics
@@ -99,9 +106,11 @@ class RolloutEngine:
         *,
         only: Collection[str] | None = None,
         deployment_id: int | None = None,
+        fenced: bool = False,
     ) -> int:
         """Plan and start a rollout (see :func:`plan_rollout` for ``only`` and
-        ``deployment_id``); return its id."""
+        ``deployment_id``); return its id. ``fenced``: for a leader's loop (the deployments
+        reconciler), refused (:class:`Fenced`) unless this replica leads."""
         async with self._lock, self.sessions.begin() as session:
             rollout_id = await plan_rollout(
                 session,
@@ -112,15 +121,24 @@ class RolloutEngine:
                 only=only,
                 deployment_id=deployment_id,
             )
-        await self.step(rollout_id)
+            if fenced:
+                await self.leadership.fence(session)
+        await self._step_if_leading(rollout_id)
         return rollout_id
+
+    async def _step_if_leading(self, rollout_id: int) -> None:
+        """Step at once on the leader; on another replica (an operator's request it serves),
+        the leader's next tick steps it."""
+        if self.leadership.leading:
+            with contextlib.suppress(Fenced):
+                await self.step(rollout_id)
 
     async def pause(self, rollout_id: int) -> None:
         await self._transition(rollout_id, {RolloutState.RUNNING}, RolloutState.PAUSED)
 
     async def resume(self, rollout_id: int) -> None:
         await self._transition(rollout_id, {RolloutState.PAUSED}, RolloutState.RUNNING)
-        await self.step(rollout_id)
+        await self._step_if_leading(rollout_id)
 
     async def cancel(self, rollout_id: int, user: str) -> None:
         await self._transition(
@@ -137,7 +155,7 @@ class RolloutEngine:
             RolloutState.ROLLING_BACK,
             f"aborted by {user}",
         )
-        await self.step(rollout_id)
+        await self._step_if_leading(rollout_id)
 
     async def _transition(
         self,
@@ -147,7 +165,8 @@ class RolloutEngine:
         reason: str = "",
     ) -> None:
         async with self._lock, self.sessions.begin() as session:
-            rollout = await session.get(Rollout, rollout_id)
+            # locked: the leader's step and another replica's request must not interleave
+            rollout = await session.get(Rollout, rollout_id, with_for_update=True)
             if rollout is None:
                 raise NotFound(f"no rollout {rollout_id}")
             if rollout.state not in allowed:
@@ -230,6 +249,8 @@ class RolloutEngine:
     async def _step_logged(self, rollout_id: int) -> None:
         try:
             await self.step(rollout_id)
+        except Fenced as exc:  # another replica leads now: its loop takes the rollout on
+            log.warning("rollout step refused", extra={"rollout": rollout_id, "reason": str(exc)})
         except Exception:
             log.exception("rollout step failed", extra={"rollout": rollout_id})
 
@@ -263,6 +284,14 @@ class RolloutEngine:
         if not events:
             return
         async with self._lock, self.sessions.begin() as session:
+            # Any replica ingests events: their rollouts' rows are locked first, in one order,
+            # so a step on the leader and these writes take turns.
+            await session.execute(
+                select(Rollout.id)
+                .where(Rollout.id.in_(_rollout_ids(events)))
+                .order_by(Rollout.id)
+                .with_for_update()
+            )
             touched = await apply_events(session, events)
         # The rollout loop steps them, once for all the events that arrive meanwhile: a step
         # reads the whole rollout, and one per ingest batch held ingest up behind it.
@@ -281,6 +310,8 @@ class RolloutEngine:
         try:
             async with self.sessions.begin() as session:
                 yield session
+                # last: a stale leader's step is dropped whole, unwritten and unpublished
+                await self.leadership.fence(session)
             for publish in self._held:
                 publish()
         finally:
@@ -293,6 +324,7 @@ class RolloutEngine:
                     select(Rollout)
                     .where(Rollout.id == rollout_id)
                     .options(selectinload(Rollout.devices))
+                    .with_for_update()
                 )
             ).scalar_one_or_none()
             if rollout is None or rollout.state not in ACTIVE:
@@ -572,3 +604,13 @@ async def _load_devices(session: AsyncSession, device_ids: list[str]) -> list[De
         chunk = device_ids[start : start + CHUNK]
         devices += (await session.execute(select(Device).where(Device.id.in_(chunk)))).scalars()
     return devices
+
+
+def _rollout_ids(events: list[UpdateEvent]) -> list[int]:
+    """The rollouts ``events`` name (``rollout-<id>``)."""
+    ids: set[int] = set()
+    for e in events:
+        if e.rollout_id and e.rollout_id.startswith("rollout-"):
+            with contextlib.suppress(ValueError):
+                ids.add(int(e.rollout_id.removeprefix("rollout-")))
+    return sorted(ids)
