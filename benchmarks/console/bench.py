@@ -141,6 +141,51 @@ def stream_cost(
     }
 
 
+def rollout_page_cost(
+    fleet: Fleet, cp: psutil.Process, tabs: list[Page], base: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """As :func:`stream_cost`, for the page of an active (paused) rollout of every device: its
+    progress refreshes every second, each time reading the rollout with its device rows."""
+    resp = fleet.api.post(
+        "/api/v1/rollouts",
+        json={"model": "mlp", "version": 2, "waves": ["1", "100%"], "bake_time_s": 3600},
+    )
+    resp.raise_for_status()
+    rollout_id = resp.json()["id"]
+    fleet.api.post(f"/api/v1/rollouts/{rollout_id}/pause").raise_for_status()
+    without, with_tabs = [], []
+    try:
+        for i in range(args.pairs):
+            for tab in tabs:
+                tab.goto(base + "/ui/login")
+            c0, t0 = cpu_s(cp), time.monotonic()
+            time.sleep(args.idle_s)
+            without.append((cpu_s(cp) - c0) / (time.monotonic() - t0))
+            for tab in tabs:
+                tab.goto(f"{base}/ui/rollouts/{rollout_id}")
+            c0, t0 = cpu_s(cp), time.monotonic()
+            time.sleep(args.idle_s)
+            with_tabs.append((cpu_s(cp) - c0) / (time.monotonic() - t0))
+            print(
+                f"  rollout page, pair {i + 1}: {without[-1] * 1e3:.1f} CPU ms/s without, "
+                f"{with_tabs[-1] * 1e3:.1f} with {len(tabs)} pages of a {fleet.devices}-device "
+                "rollout open",
+                flush=True,
+            )
+    finally:
+        for tab in tabs:
+            tab.goto(base + "/ui/login")
+        fleet.api.post(f"/api/v1/rollouts/{rollout_id}/abort").raise_for_status()
+        fleet.wait_versions(1, 600)
+    per_page = (statistics.median(with_tabs) - statistics.median(without)) / len(tabs)
+    return {
+        "tabs": len(tabs),
+        "cpu_ms_per_s_without": [round(x * 1e3, 2) for x in without],
+        "cpu_ms_per_s_with_tabs": [round(x * 1e3, 2) for x in with_tabs],
+        "page_cpu_ms_per_s": round(per_page * 1e3, 3),
+    }
+
+
 def ingest_cost(
     fleet: Fleet, cp: psutil.Process, rate_per_s: float, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -179,6 +224,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 tabs.append(tab)
             stream = stream_cost(fleet, cp, tabs, base, args)
             result["stream"] = stream
+            result["rollout_page"] = rollout_page_cost(fleet, cp, tabs, base, args)
             result["ingest"] = []
             for rate in args.rate_per_s:
                 ingest = ingest_cost(fleet, cp, rate, args)
