@@ -4,8 +4,9 @@ model configuration and schedule-policy extensions."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -25,6 +26,7 @@ from agent.api.transport import (
 from agent.api.v2_codec import (
     DecodedRequest,
     check_classification,
+    classify,
     decode_request,
     encode_response,
 )
@@ -32,6 +34,9 @@ from agent.errors import RequestError
 from agent.inference.service import InferRequest, InferResponse
 from agent.inference.versions import LoadedVersion
 from agent.pipelines.version import PipelineVersion
+from agent.shm import tensors
+from agent.shm.answers import hold_until_answered
+from agent.shm.regions import Lease
 from common import __version__
 
 router = APIRouter(tags=["KServe V2"])
@@ -43,6 +48,7 @@ EXTENSIONS = [
     "schedule_policy",
     "statistics",
     "model_configuration",
+    "system_shared_memory",
 ]
 _UNSUPPORTED_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 _MAX_LENGTH_DIGITS = 18
@@ -226,6 +232,9 @@ class InferCall:
     decoded: DecodedRequest
     context: dict[str, Any]
     started: float
+    written: dict[str, tuple[str, list[int], int]] = field(default_factory=dict)
+    """Outputs written into shared memory regions before ``answer`` resolves (the response
+    lists them with no data)."""
 
     def respond(self, result: InferResponse) -> Answer:
         """The response to the request, from its result."""
@@ -238,6 +247,7 @@ class InferCall:
             result.outputs,
             decoded.outputs,
             decoded.binary_output_default,
+            self.written,
         )
         total = time.monotonic() - self.started
         context["model"], context["version"] = result.model, result.version
@@ -282,12 +292,33 @@ def start_infer(
             f"body's length ({_MAX_LENGTH_DIGITS} at most)",
             field="Inference-Header-Content-Length",
         )
-    decoded = decode_request(
-        body,
-        int(header) if header is not None else None,
-        lv.signature,
-        max_elements=state.settings.max_tensor_elements,
-    )
+    registry = state.shared_memory
+    lease = None if registry is None else registry.lease()
+    try:
+        decoded = decode_request(
+            body,
+            int(header) if header is not None else None,
+            lv.signature,
+            max_elements=state.settings.max_tensor_elements,
+            lease=lease,
+        )
+        return _submit(state, lv, decoded, lease, model_name, model_version, context, started)
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
+
+
+def _submit(
+    state: ApiState,
+    lv: LoadedVersion,
+    decoded: DecodedRequest,
+    lease: Lease | None,
+    model_name: str,
+    model_version: str | None,
+    context: dict[str, Any],
+    started: float,
+) -> InferCall:
     check_classification(decoded.outputs, lv.signature)
     params = decoded.parameters
     for key in _UNSUPPORTED_PARAMETERS:
@@ -314,4 +345,29 @@ def start_infer(
         timeout,
     )
     # resolved above, in this turn of the event loop: no swap came in between
-    return InferCall(state.service.submit(infer_request, lv), decoded, context, started)
+    answer = state.service.submit(infer_request, lv)
+    written: dict[str, tuple[str, list[int], int]] = {}
+    if lease is not None and lease.regions:
+        # NOTE: Triton's shared memory extension: outputs go into their regions and the
+        # response lists them without data; the lease is released once the answer is done
+        answer = hold_until_answered(
+            answer, lease, functools.partial(_write_outputs, decoded, lease, written)
+        )
+    return InferCall(answer, decoded, context, started, written)
+
+
+def _write_outputs(
+    decoded: DecodedRequest,
+    lease: Lease,
+    written: dict[str, tuple[str, list[int], int]],
+    result: InferResponse,
+) -> None:
+    """Write the outputs asked for in regions into them, while the lease holds them."""
+    for spec in decoded.outputs or ():
+        if spec.region is None:
+            continue
+        array = result.outputs[spec.name]
+        if spec.classification:
+            array = classify(array, spec.classification)
+        datatype, size = tensors.write(lease, spec.region, array)
+        written[spec.name] = (datatype, list(array.shape), size)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -18,6 +19,8 @@ import numpy as np
 import orjson
 
 from agent.errors import RequestError
+from agent.shm import tensors
+from agent.shm.regions import Lease
 from runtimes.datatypes import ELEMENT_SIZE, V2_DATATYPES, from_numpy, numpy_dtype
 from runtimes.signature import ModelSignature
 
@@ -35,6 +38,13 @@ class RequestedOutput:
     name: str
     binary: bool | None = None
     classification: int = 0
+    region: tensors.RegionRef | None = None
+    """The shared memory region the output is written into (then the response carries its
+    metadata and the region's parameters, and no data)."""
+
+
+Written = Mapping[str, tuple[str, list[int], int]]
+"""Outputs written into regions: name -> (datatype, shape, bytes written)."""
 
 
 @dataclass
@@ -68,9 +78,19 @@ def _fail(field: str, message: str) -> RequestError:
 
 
 def decode_request(
-    body: bytes, header_length: int | None, signature: ModelSignature | None, *, max_elements: int
+    body: bytes,
+    header_length: int | None,
+    signature: ModelSignature | None,
+    *,
+    max_elements: int,
+    lease: Lease | None = None,
 ) -> DecodedRequest:
-    """Parse a V2 inference request (JSON, JSON + binary tensors, or one raw binary tensor)."""
+    """Parse a V2 inference request (JSON, JSON + binary tensors, or one raw binary tensor).
+
+    Tensors in shared memory regions are taken into ``lease`` (None: this agent serves no
+    shared memory, and a request naming a region is refused); inputs there are views of the
+    region, without a copy.
+    """
     if header_length is not None:
         if header_length < 0 or header_length > len(body):
             raise _fail(
@@ -101,7 +121,8 @@ def decode_request(
     inputs: Arrays = {}
     offset = 0
     for i, item in enumerate(raw_inputs):
-        name, array, used = _decode_input(item, f"inputs[{i}]", binary, offset, max_elements)
+        where = f"inputs[{i}]"
+        name, array, used = _decode_input(item, where, binary, offset, max_elements, lease)
         if name in inputs:
             raise _fail(f"inputs[{i}].name", f"input {name!r} is given twice")
         inputs[name] = array
@@ -112,7 +133,8 @@ def decode_request(
             f"{len(binary) - offset} bytes of binary data are not claimed by any "
             "input's parameters.binary_data_size",
         )
-    return DecodedRequest(request_id, inputs, _requested_outputs(doc.get("outputs")), parameters)
+    outputs = _requested_outputs(doc.get("outputs"), lease)
+    return DecodedRequest(request_id, inputs, outputs, parameters)
 
 
 def _parameters(value: Any, where: str) -> dict[str, Any]:
@@ -132,7 +154,7 @@ def _shape(value: Any, where: str) -> list[int]:
 
 
 def _decode_input(
-    item: Any, where: str, binary: memoryview, offset: int, max_elements: int
+    item: Any, where: str, binary: memoryview, offset: int, max_elements: int, lease: Lease | None
 ) -> tuple[str, np.ndarray, int]:
     if not isinstance(item, dict):
         raise _fail(where, "must be an object with name, shape, datatype and data")
@@ -161,6 +183,11 @@ def _decode_input(
             f"dimension {max(shape)} exceeds the limit of {max_elements} (max_tensor_elements)",
         )
     params = _parameters(item.get("parameters"), f"{where}.parameters")
+    ref = _region(params, where, lease)
+    if ref is not None:
+        if "data" in item or "binary_data_size" in params:
+            raise _fail(f"{where}.data", "give data or a shared memory region, not both")
+        return name, tensors.read(_held(lease), ref, datatype, shape), 0
     size = params.get("binary_data_size")
     if size is not None:
         if type(size) is not int or size < 0:
@@ -181,6 +208,18 @@ def _decode_input(
     if "data" not in item:
         raise _fail(f"{where}.data", "is missing (or give parameters.binary_data_size)")
     return name, _from_json(item["data"], datatype, shape, f"{where}.data"), 0
+
+
+def _region(params: dict[str, Any], where: str, lease: Lease | None) -> tensors.RegionRef | None:
+    ref = tensors.region_ref(params, where)
+    if ref is not None and lease is None:
+        raise _fail(ref.region_field, "shared memory is not served by this agent")
+    return ref
+
+
+def _held(lease: Lease | None) -> Lease:
+    assert lease is not None  # _region refuses a region without one
+    return lease
 
 
 def _from_json(data: Any, datatype: str, shape: list[int], where: str) -> np.ndarray:
@@ -347,7 +386,7 @@ def check_classification(
             )
 
 
-def _requested_outputs(value: Any) -> list[RequestedOutput] | None:
+def _requested_outputs(value: Any, lease: Lease | None) -> list[RequestedOutput] | None:
     if value is None:
         return None
     if not isinstance(value, list):
@@ -363,7 +402,10 @@ def _requested_outputs(value: Any) -> list[RequestedOutput] | None:
         classes = params.get("classification", 0)
         if type(classes) is not int or classes < 0:
             raise _fail(f"outputs[{i}].parameters.classification", "must be a non-negative integer")
-        outputs.append(RequestedOutput(item["name"], binary, classes))
+        ref = _region(params, f"outputs[{i}]", lease)
+        if ref is not None:  # checked now, before the request runs
+            tensors.claim(_held(lease), ref)
+        outputs.append(RequestedOutput(item["name"], binary, classes, ref))
     return outputs
 
 
@@ -377,12 +419,26 @@ def encode_response(
     outputs: Arrays,
     requested: list[RequestedOutput] | None,
     binary_default: bool,
+    written: Written | None = None,
 ) -> tuple[bytes, int | None]:
-    """The response body and, when binary tensors follow the JSON, the JSON's length."""
+    """The response body and, when binary tensors follow the JSON, the JSON's length.
+
+    An output ``written`` into its region is listed with the region's parameters, as Triton
+    answers it.
+    """
     specs = requested or [RequestedOutput(name) for name in outputs]
-    tensors: list[dict[str, Any]] = []
+    listed: list[dict[str, Any]] = []
     chunks: list[bytes] = []
     for spec in specs:
+        if spec.region is not None:
+            assert written is not None  # InferCall writes them before it responds
+            datatype, shape, size = written[spec.name]
+            parameters = {tensors.REGION: spec.region.name, tensors.BYTE_SIZE: size}
+            if spec.region.offset:
+                parameters[tensors.OFFSET] = spec.region.offset
+            head_doc = {"name": spec.name, "datatype": datatype, "shape": shape}
+            listed.append({**head_doc, "parameters": parameters})
+            continue
         array = outputs[spec.name]
         if spec.classification:
             array = classify(array, spec.classification)
@@ -399,8 +455,8 @@ def encode_response(
             chunks.append(raw)
         else:
             tensor["data"] = _to_json_data(array, datatype)
-        tensors.append(tensor)
-    doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": tensors}
+        listed.append(tensor)
+    doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": listed}
     if request_id is not None:
         doc["id"] = request_id
     head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)

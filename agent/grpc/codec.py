@@ -11,7 +11,6 @@ request is an error, a raw entry left over is an error.
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,11 +19,12 @@ import numpy as np
 from agent.api.v2_codec import classify  # the REST codec's, so both rank alike
 from agent.errors import RequestError
 from agent.grpc.proto import grpc_service_pb2 as pb
-from agent.shm.regions import Lease, as_array
+from agent.shm import tensors
+from agent.shm.regions import Lease
+from agent.shm.tensors import bytes_elements, to_raw
 from runtimes.datatypes import ELEMENT_SIZE, V2_DATATYPES, from_numpy, numpy_dtype
 
 Arrays = dict[str, np.ndarray]
-_LE_LENGTH = struct.Struct("<I")
 _MAX_DIMS = 32
 _CONTENTS = {
     "BOOL": "bool_contents",
@@ -49,9 +49,7 @@ _UNSUPPORTED = ("sequence_id", "sequence_start", "sequence_end")
 class OutputSpec:
     name: str
     classification: int = 0
-    region: str | None = None
-    offset: int = 0
-    byte_size: int = 0
+    region: tensors.RegionRef | None = None
 
 
 @dataclass(slots=True)
@@ -97,9 +95,13 @@ def decode(request: pb.ModelInferRequest, lease: Lease, max_elements: int) -> De
         if tensor.name in inputs:
             raise _fail(f"{where}.name", f"input {tensor.name!r} is given twice")
         shape, datatype = _check_tensor(tensor, where, max_elements)
-        region = tensor.parameters.get("shared_memory_region")
-        if region is not None:
-            data = _from_region(tensor, param(region), datatype, shape, lease, where)
+        ref = _region(tensor, where)
+        if ref is not None:
+            if tensor.HasField("contents"):
+                raise _fail(
+                    f"{where}.contents", "give contents or a shared memory region, not both"
+                )
+            data = tensors.read(lease, ref, datatype, shape)
         elif tensor.HasField("contents"):
             data = _from_contents(tensor.contents, datatype, shape, where)
         else:
@@ -136,7 +138,7 @@ def _check_tensor(tensor: Any, where: str, max_elements: int) -> tuple[list[int]
 def _from_raw(raw: bytes, datatype: str, shape: list[int], where: str) -> np.ndarray:
     count = math.prod(shape)
     if datatype == "BYTES":
-        return _bytes_elements(memoryview(raw), count, where).reshape(shape)
+        return bytes_elements(memoryview(raw), count, where).reshape(shape)
     expected = count * ELEMENT_SIZE[datatype]
     if len(raw) != expected:
         raise _fail(
@@ -144,21 +146,6 @@ def _from_raw(raw: bytes, datatype: str, shape: list[int], where: str) -> np.nda
             f"input byte size mismatch for {datatype} {shape}: expected {expected}, got {len(raw)}",
         )
     return np.frombuffer(raw, dtype=_LITTLE[datatype]).reshape(shape)
-
-
-def _bytes_elements(raw: memoryview, count: int, where: str) -> np.ndarray:
-    items, pos = [], 0
-    while pos < len(raw):
-        if pos + 4 > len(raw):
-            raise _fail(where, "a BYTES element is cut short in its 4-byte length")
-        (length,) = _LE_LENGTH.unpack_from(raw, pos)
-        if pos + 4 + length > len(raw):
-            raise _fail(where, f"a BYTES element of {length} bytes runs past the tensor's data")
-        items.append(bytes(raw[pos + 4 : pos + 4 + length]))
-        pos += 4 + length
-    if len(items) != count:
-        raise _fail(where, f"holds {len(items)} BYTES elements, the shape needs {count}")
-    return np.array(items, dtype=object)
 
 
 def _from_contents(contents: Any, datatype: str, shape: list[int], where: str) -> np.ndarray:
@@ -183,28 +170,14 @@ def _from_contents(contents: Any, datatype: str, shape: list[int], where: str) -
     return array.astype(target, copy=False).reshape(shape)
 
 
-def _from_region(
-    tensor: Any, name: Any, datatype: str, shape: list[int], lease: Lease, where: str
-) -> np.ndarray:
-    if tensor.HasField("contents"):
-        raise _fail(f"{where}.contents", "give contents or a shared memory region, not both")
-    if not isinstance(name, str):
-        raise _fail(f"{where}.parameters.shared_memory_region", "must be a string")
-    size = _int_param(tensor.parameters, "shared_memory_byte_size", where)
-    if size is None:
-        raise _fail(f"{where}.parameters.shared_memory_byte_size", "is required with a region")
-    offset = _int_param(tensor.parameters, "shared_memory_offset", where) or 0
-    region = lease.take(name, f"{where}.parameters.shared_memory_region")
-    view = region.view(offset, size, f"{where}.parameters.shared_memory_byte_size")
-    if datatype == "BYTES":
-        return _bytes_elements(view, math.prod(shape), where).reshape(shape)
-    expected = math.prod(shape) * ELEMENT_SIZE[datatype]
-    if size != expected:
-        raise _fail(
-            f"{where}.parameters.shared_memory_byte_size",
-            f"input byte size mismatch for {datatype} {shape}: expected {expected}, got {size}",
-        )
-    return as_array(view, _LITTLE[datatype], shape)
+def _region(tensor: Any, where: str) -> tensors.RegionRef | None:
+    """The region a tensor's parameters name (None if none), read as plain values."""
+    if tensors.REGION not in tensor.parameters:
+        return None
+    keys = (tensors.REGION, tensors.BYTE_SIZE, tensors.OFFSET)
+    return tensors.region_ref(
+        {k: param(tensor.parameters[k]) for k in keys if k in tensor.parameters}, where
+    )
 
 
 def _outputs(request: pb.ModelInferRequest, lease: Lease) -> list[OutputSpec] | None:
@@ -213,24 +186,11 @@ def _outputs(request: pb.ModelInferRequest, lease: Lease) -> list[OutputSpec] | 
     specs = []
     for i, out in enumerate(request.outputs):
         where = f"outputs[{i}]"
-        spec = OutputSpec(out.name, _int_param(out.parameters, "classification", where) or 0)
-        region = out.parameters.get("shared_memory_region")
-        if region is not None:
-            name = param(region)
-            if not isinstance(name, str):
-                raise _fail(f"{where}.parameters.shared_memory_region", "must be a string")
-            size = _int_param(out.parameters, "shared_memory_byte_size", where)
-            if size is None:
-                raise _fail(
-                    f"{where}.parameters.shared_memory_byte_size", "is required with a region"
-                )
-            spec.offset = _int_param(out.parameters, "shared_memory_offset", where) or 0
-            spec.byte_size, spec.region = size, name
-            # checked now, before the request runs: a region that cannot hold it fails here
-            lease.take(name, f"{where}.parameters.shared_memory_region").view(
-                spec.offset, size, f"{where}.parameters.shared_memory_byte_size"
-            )
-        specs.append(spec)
+        ref = _region(out, where)
+        if ref is not None:  # checked now, before the request runs
+            tensors.claim(lease, ref)
+        classes = _int_param(out.parameters, "classification", where) or 0
+        specs.append(OutputSpec(out.name, classes, ref))
     return specs
 
 
@@ -259,32 +219,10 @@ def encode(
     lease.check()  # a region taken away while the request ran fails it, inputs' too
     for spec, array in in_regions:
         assert spec.region is not None
-        datatype = from_numpy(array.dtype)
-        raw = to_raw(array, datatype) if datatype == "BYTES" else None
-        size = array.nbytes if raw is None else len(raw)
-        where = f"outputs.{spec.name}.parameters.shared_memory_byte_size"
-        if size > spec.byte_size:
-            raise _fail(where, f"output of {size} bytes does not fit in {spec.byte_size}")
-        view = lease.take(spec.region, where).view(spec.offset, size, where)
-        if raw is None:  # straight from the output into the region: one copy
-            target = as_array(view, array.dtype.newbyteorder("<"), list(array.shape))
-            np.copyto(target, array)
-        else:
-            view[:] = raw
+        datatype, size = tensors.write(lease, spec.region, array)
         tensor = response.outputs.add(name=spec.name, datatype=datatype, shape=array.shape)
-        tensor.parameters["shared_memory_region"].string_param = spec.region
-        tensor.parameters["shared_memory_byte_size"].int64_param = size
-        if spec.offset:
-            tensor.parameters["shared_memory_offset"].int64_param = spec.offset
+        tensor.parameters[tensors.REGION].string_param = spec.region.name
+        tensor.parameters[tensors.BYTE_SIZE].int64_param = size
+        if spec.region.offset:
+            tensor.parameters[tensors.OFFSET].int64_param = spec.region.offset
     return response
-
-
-def to_raw(array: np.ndarray, datatype: str) -> bytes:
-    """A tensor's raw bytes: little-endian, row-major; BYTES as 4-byte length + bytes."""
-    if datatype == "BYTES":
-        parts = []
-        for x in array.reshape(-1):
-            data = x if isinstance(x, bytes) else str(x).encode()
-            parts.append(_LE_LENGTH.pack(len(data)) + data)
-        return b"".join(parts)
-    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()

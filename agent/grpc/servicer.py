@@ -116,7 +116,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Context) -> Any:
         await self._admit(context)
         return pb.ServerMetadataResponse(
-            name="edgefleet", version=__version__, extensions=[*EXTENSIONS, "system_shared_memory"]
+            name="edgefleet", version=__version__, extensions=EXTENSIONS
         )
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Context) -> Any:

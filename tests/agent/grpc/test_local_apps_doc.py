@@ -24,11 +24,11 @@ def snippets() -> list[str]:
 
 def test_the_doc_has_its_snippets() -> None:
     texts = snippets()
-    assert len(texts) == 3
-    assert any("tritonclient.utils.shared_memory" in t for t in texts)
+    assert len(texts) == 4
+    assert sum("tritonclient.utils.shared_memory" in t for t in texts) == 2  # gRPC, REST
 
 
-@pytest.mark.parametrize("index", range(3))
+@pytest.mark.parametrize("index", range(4))
 def test_snippet_runs_and_agrees_with_onnx_runtime(
     grpc_agent: GrpcAgent, example_repo: Path, index: int
 ) -> None:
