@@ -32,7 +32,13 @@ from agent.errors import (
 from agent.inference.batcher import INLINE_MAX_S, Batcher, BatchObserver
 from agent.inference.priority import lower_this_thread, run_lowered
 from agent.inference.stats import VersionStats
-from agent.inference.tuning import BatchTuning, same_config, tune_batch_size, with_instances
+from agent.inference.tuning import (
+    BatchTuning,
+    instances_kept,
+    same_config,
+    tune_batch_size,
+    with_instances,
+)
 from agent.inference.versions import (
     LoadedVersion,
     RuntimeFactory,
@@ -305,6 +311,7 @@ class ModelManager:
             plan = self.hardware.plan(entry.name, fmt, config.placement)
             settings = self.runtime_settings
             # instances = 0: one per core on a CPU (the first candidate's device decides)
+            chosen = not config.instances
             config = with_instances(
                 config, plan.placement.device, self.cpu_count, settings.intra_op_threads
             )
@@ -348,6 +355,11 @@ class ModelManager:
                         "batch size measured",
                         extra={"model": entry.name, "version": version, **tuning.describe()},
                     )
+                    if chosen:  # a model bound by the event loop keeps one instance
+                        kept = instances_kept(tuning, len(runtimes))
+                        for rt in runtimes[kept:]:
+                            rt.close()
+                        runtimes = runtimes[:kept]
                 trim_heap()  # what the load, warm-up and measurement used and freed
                 return runtimes, rss_added, batched, tuning
 
@@ -360,6 +372,8 @@ class ModelManager:
                         f"load:{name}",
                         functools.partial(load, plan.placement),
                     )
+                    if len(runtimes) != config.instances:
+                        config = config.model_copy(update={"instances": len(runtimes)})
                     break
                 except (DeviceUnavailableError, UnsupportedModelError) as exc:
                     if plan.pinned:  # a pin is the user's choice: no fallback

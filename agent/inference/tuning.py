@@ -42,6 +42,19 @@ MAX_AUTO_INSTANCES = 4
 MIN_GAIN = 0.05
 """A step to the next batch size must raise rows per second by this fraction to be taken:
 forming batches costs the event loop a little, and each request waits for the others' rows."""
+CHEAP_BATCH_S = 0.005
+"""Where batching pays and a batch of ``max_batch_size`` rows takes less than this on one
+instance (at the best rate measured), that size is kept rather than the size where the rows per
+second stopped gaining: for a model that cheap the event loop's work per batch, not the model,
+sets the pace under load. ``mlp`` on two instances, capped at 4 rows by the measurement, served
+JSON at 32 clients at 3,043-3,390 requests/s against 3,495-5,139 with batches of up to 32
+(2026-12-06, ``python -m benchmarks.serving.ab``)."""
+CHEAP_ROW_S = 0.001
+"""An instance count chosen by the agent drops to one where one row runs in less than this (at
+the rate measured at one row): such a model is bound by the event loop, not its compute, and a
+second instance only splits the batches and takes the cores from the loop. ``mlp``, JSON, 32
+clients, two instances against one, both batched up to 32 rows: batches of 9-11 rows against
+16-20, 1,782-3,037 requests/s against 2,332-4,360 (a busy machine, 2026-12-06)."""
 ROUNDS = 3
 BUDGET_S = 0.5
 """Most seconds the measurement may take; past it, what has been measured decides."""
@@ -197,5 +210,24 @@ def tune_batch_size(
                 return 0.0
             return len(runtimes) * times * size / elapsed
 
-        tuning = search(rate, limit)
-    return dataclasses.replace(tuning, failed=failed)
+        tuning = dataclasses.replace(search(rate, limit), failed=failed)
+    return dataclasses.replace(tuning, max_batch_size=kept_size(tuning, limit, len(runtimes)))
+
+
+def instances_kept(tuning: BatchTuning, instances: int) -> int:
+    """How many of ``instances`` (a count the agent chose) to keep after the measurement:
+    one where a row runs in under :data:`CHEAP_ROW_S`, else all."""
+    one_row = tuning.rows_per_s.get(1)
+    if not one_row:
+        return instances
+    return 1 if instances / one_row < CHEAP_ROW_S else instances
+
+
+def kept_size(tuning: BatchTuning, limit: int, instances: int) -> int:
+    """The size :func:`search` chose, or ``limit`` where batching pays and a batch of
+    ``limit`` rows at the best rate measured takes under :data:`CHEAP_BATCH_S` on one of the
+    ``instances``; not where a size failed to run."""
+    if tuning.max_batch_size <= 1 or tuning.failed:
+        return tuning.max_batch_size
+    row_s = instances / max(tuning.rows_per_s.values())
+    return limit if limit * row_s < CHEAP_BATCH_S else tuning.max_batch_size

@@ -4,6 +4,7 @@ larger than it, every request answered."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -17,6 +18,8 @@ import pytest
 from agent.inference.tuning import (
     MAX_AUTO_INSTANCES,
     chosen_size,
+    instances_kept,
+    kept_size,
     same_config,
     search,
     sizes_up_to,
@@ -32,6 +35,7 @@ from tests.agent.server import copy_models, serve
 
 ROW = [0.25] * 256
 TUNED = "[batching]\ntune = true\n"
+ONE = "instances = 1\n"  # as before the agent chose the count: one instance measured
 
 
 def test_sizes_double_up_to_the_limit_which_is_always_last() -> None:
@@ -98,7 +102,7 @@ def test_past_the_budget_only_one_and_two_are_measured_twice() -> None:
 
 def test_a_dense_model_is_measured_to_batch(example_repo: Path, tmp_path: Path) -> None:
     """``mlp`` on the CPU: a call costs far more than a row, so batches pay on any device."""
-    repo = copy_models(example_repo, tmp_path / "repo", "mlp", configs={"mlp": TUNED})
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp", configs={"mlp": ONE + TUNED})
     with serve(repo) as agent:
         params = agent.client.get("/v2/models/mlp").json()["parameters"]
         tuning = params["batch_tuning"]
@@ -183,7 +187,7 @@ def test_a_batch_size_that_fails_ends_the_walk_and_requests_still_answer(
         return ShapedRuntime(open_model(model_file, placement, settings), max_rows=2)
 
     # warmed up with zeros (one row, then two stacked): mlp's golden sample has 8 rows
-    config = f"[warmup]\ngolden = false\n{TUNED}"
+    config = ONE + TUNED + "[warmup]\ngolden = false\n"
     repo = copy_models(example_repo, tmp_path / "repo", "mlp", configs={"mlp": config})
     with serve(repo, runtime_factory=factory) as agent:
         params = agent.client.get("/v2/models/mlp").json()["parameters"]
@@ -246,3 +250,24 @@ def test_the_instance_count_is_chosen_from_the_cores_only_where_left_open() -> N
     assert same_config(served, auto) and same_config(served, ModelConfig(instances=2))
     assert not same_config(served, pinned)
     assert not same_config(served, ModelConfig(description="changed"))
+
+
+def test_a_cheap_model_keeps_its_batch_size_where_batching_pays() -> None:
+    """Rows per second that stop gaining at 4 rows: a model of 80 us a row keeps 32 (its
+    batch of 32 takes 2.6 ms), one of 5 ms a row the 4 measured, one where two rows did not
+    gain serves one at a time, and a size that failed is never kept."""
+    cheap = search(lambda b: {1: 7600.0, 2: 14600.0, 4: 24900.0, 8: 23100.0}.get(b, 0.0), 32)
+    assert cheap.max_batch_size == 4 and kept_size(cheap, 32, instances=2) == 32
+    dear = search(lambda b: {1: 200.0, 2: 380.0, 4: 400.0}.get(b, 0.0), 32)
+    assert kept_size(dear, 32, instances=2) == 4
+    alone = search(lambda b: {1: 7600.0, 2: 7700.0}.get(b, 0.0), 32)
+    assert kept_size(alone, 32, instances=2) == 1
+    failed = dataclasses.replace(cheap, failed={8: "out of memory"})
+    assert kept_size(failed, 32, instances=2) == 4
+
+
+def test_a_count_left_to_the_agent_drops_to_one_instance_for_a_model_of_microseconds() -> None:
+    fast = search(lambda b: {1: 7600.0, 2: 14600.0, 4: 15000.0}.get(b, 0.0), 32)
+    assert instances_kept(fast, 2) == 1  # 0.26 ms a row on each of two instances
+    slow = search(lambda b: {1: 110.0, 2: 94.0}.get(b, 0.0), 32)
+    assert instances_kept(slow, 2) == 2  # 18 ms a row
