@@ -180,6 +180,17 @@ def register_operator_commands(root: click.Group) -> None:
         help="TOML: serving config keys, and a [health] table for the device health window.",
     )
     @click.option(
+        "--reference",
+        "reference_file",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="Reference set (.npz: input:<name>, labels and/or output:<name>); INT8 and FP16 "
+        "variants are then built per hardware profile and judged on it.",
+    )
+    @max_drop_option
+    @click.option(
+        "--no-optimise", is_flag=True, help="Keep the reference set but build no variants."
+    )
+    @click.option(
         "--json", "as_json", is_flag=True, help="Print the version's document (progress: stderr)."
     )
     @connected
@@ -188,6 +199,9 @@ def register_operator_commands(root: click.Group) -> None:
         version: int,
         variants: tuple[str, ...],
         config_file: Path | None,
+        reference_file: Path | None,
+        max_accuracy_drop: float,
+        no_optimise: bool,
         as_json: bool,
     ) -> None:
         """Upload VERSION of NAME. Each VARIANT is a directory with the model file(s), optionally
@@ -246,10 +260,43 @@ def register_operator_commands(root: click.Group) -> None:
                             "PUT", f"/api/v1/models/{name}/versions/{version}/{route}", content=fh
                         )
                     click.echo(f"uploaded {found}", err=as_json)
+            if reference_file:
+                with reference_file.open("rb") as fh:
+                    api.call(
+                        "PUT", f"/api/v1/models/{name}/versions/{version}/reference", content=fh
+                    )
+                click.echo(f"uploaded {reference_file} (reference set)", err=as_json)
         except OSError as exc:  # a file that went away, or cannot be read, since the check
             raise click.ClickException(f"cannot read {exc.filename}: {exc.strerror}") from exc
+        if reference_file and not no_optimise:
+            report = api.call(
+                "POST",
+                f"/api/v1/models/{name}/versions/{version}/optimise",
+                json={"max_accuracy_drop": max_accuracy_drop},
+            )
+            _echo_optimisation(report, err=as_json)
         if as_json:
             _print(api.call("GET", f"/api/v1/models/{name}/versions/{version}"), True)
+
+    @models.command("optimize")
+    @click.argument("name")
+    @click.argument("version", type=int)
+    @max_drop_option
+    @as_json_option
+    @connected
+    def optimize(name: str, version: int, max_accuracy_drop: float, as_json: bool) -> None:
+        """Build INT8 (CPU profiles) and FP16 (GPU profiles) variants of a candidate version
+        from its FP32 ONNX variant, each judged on the version's reference set; one past
+        --max-accuracy-drop is refused, with its numbers."""
+        report = Api.connect().call(
+            "POST",
+            f"/api/v1/models/{name}/versions/{version}/optimise",
+            json={"max_accuracy_drop": max_accuracy_drop},
+        )
+        if as_json:
+            _print(report, True)
+        else:
+            _echo_optimisation(report, err=False)
 
     @models.command("list")
     @click.option("--archived", is_flag=True, help="Show archived versions too.")
@@ -269,6 +316,10 @@ def register_operator_commands(root: click.Group) -> None:
                 for v in m["versions"]
             )
             click.echo(f"{m['name']}: {versions}")
+            for v in m["versions"]:
+                for i, variant in enumerate(v["variants"]):
+                    if variant["kind"] != "fp32":
+                        click.echo(f"  v{v['version']} variant {i}: {_variant_line(variant)}")
 
     @models.command("validate")
     @click.argument("name")
@@ -558,6 +609,47 @@ def register_operator_commands(root: click.Group) -> None:
 
     del push, list_models, validate, stage, create, list_rollouts, status, list_devices, label
     del show_device, rotate, revoke
+
+
+max_drop_option = click.option(
+    "--max-accuracy-drop",
+    type=click.FloatRange(0, 1),
+    default=0.01,
+    show_default=True,
+    help="Refuse a variant whose accuracy on the reference set is more than this below FP32's "
+    "(a fraction: 0.01 is one point); without labels, whose top-1 agreement is below 1 - this.",
+)
+
+
+def _variant_line(variant: dict[str, Any]) -> str:
+    """One optimised variant as `models list` prints it."""
+    delta = variant["accuracy_delta"]
+    quality = (
+        f"accuracy {delta * 100:+.2f} points"
+        if delta is not None
+        else f"agreement {variant['agreement']:.2%}"
+    )
+    return (
+        f"{variant['kind']} for {','.join(variant['profiles'])}: {quality}, "
+        f"max abs diff {variant['max_abs_diff']:.3g}"
+    )
+
+
+def _echo_optimisation(report: dict[str, Any], *, err: bool) -> None:
+    for r in report["results"]:
+        line = f"{r['kind']}: {r['outcome']}"
+        if r["outcome"] == "built":
+            line += f" as variant {r['variant']} for {','.join(r['profiles'])}"
+        if r.get("agreement") is not None:
+            if r.get("accuracy") is not None:
+                line += (
+                    f"; accuracy {r['accuracy']:.4f} vs FP32 {r['accuracy_fp32']:.4f} "
+                    f"({r['accuracy_delta'] * 100:+.2f} points)"
+                )
+            line += f"; agreement {r['agreement']:.4f}; max abs diff {r['max_abs_diff']:.3g}"
+        if r.get("reason"):
+            line += f" ({r['reason']})"
+        click.echo(line, err=err)
 
 
 def _show(doc: dict[str, Any]) -> None:

@@ -29,6 +29,9 @@ from control_plane.api.deps import (
 from control_plane.db.models import NAME_LENGTH, Artifact, Model, ModelVersion
 from control_plane.db.session import stored_utc
 from control_plane.errors import Conflict, Invalid, NotFound
+from control_plane.quality.optimise import VariantKind
+from control_plane.quality.reference import REFERENCE_FILE, load_reference
+from control_plane.quality.variants import optimise
 from control_plane.registry.store import (
     add_file,
     complete,
@@ -61,7 +64,16 @@ class StageChange(BaseModel):
     """``archived`` hides a version (one that failed validation, say) from default listings."""
 
 
+class OptimiseRequest(BaseModel):
+    max_accuracy_drop: float = Field(default=0.01, ge=0, le=1)
+    """A variant is refused when its accuracy on the reference set is more than this below
+    the FP32 model's (a fraction: 0.01 is one point); without labels, when its top-1
+    agreement with the FP32 answers is below 1 - this."""
+    kinds: list[VariantKind] = Field(default_factory=lambda: list(VariantKind), min_length=1)
+
+
 NEW_VERSION = json_body(VersionCreate, OPERATOR)
+OPTIMISE = json_body(OptimiseRequest, OPERATOR)
 NEW_STAGE = json_body(StageChange, OPERATOR)
 
 
@@ -77,8 +89,24 @@ def version_doc(mv: ModelVersion) -> dict[str, Any]:
         "golden": mv.golden,
         "validation_data": mv.validation_data,
         "validation": mv.validation,
+        "reference": mv.reference,
+        "optimisation": mv.optimisation,
         "uploaded_by": mv.uploaded_by,
         "created_at": stored_utc(mv.created_at).isoformat(),
+    }
+
+
+def variant_summary(variant: dict[str, Any]) -> dict[str, Any]:
+    """A variant as listings show it: format, profiles, and for an optimised one its kind and
+    the numbers it was judged by."""
+    done = variant.get("optimisation") or {}
+    return {
+        "format": variant["format"],
+        "profiles": variant["profiles"],
+        "kind": done.get("kind", "fp32"),
+        "accuracy_delta": done.get("accuracy_delta"),
+        "agreement": done.get("agreement"),
+        "max_abs_diff": done.get("max_abs_diff"),
     }
 
 
@@ -100,6 +128,7 @@ async def list_models(
                         "version": v.version,
                         "stage": v.stage,
                         "validated": None if v.validation is None else v.validation["passed"],
+                        "variants": [variant_summary(variant) for variant in v.variants],
                     }
                     for v in m.versions
                     if archived or v.stage != "archived"
@@ -201,11 +230,11 @@ async def upload_file(
 
 @router.put(
     "/models/{name}/versions/{version}/{kind}",
-    summary="Upload golden.npz or the validation set (npz)",
+    summary="Upload golden.npz, the validation set or the reference set (npz)",
 )
 async def upload_sample(
     name: str,
-    kind: Literal["golden", "validation-data"],
+    kind: Literal["golden", "validation-data", "reference"],
     request: Request,
     version: int = VERSION,
     s: AsyncSession = SESSION,
@@ -214,13 +243,15 @@ async def upload_sample(
     mv = await get_version(s, name, version)
     sha, size = await services(request).store.put(_stream(request))
     await record_artifact(s, sha, size)
-    ref = {
-        "name": "golden.npz" if kind == "golden" else "validation.npz",
-        "sha256": sha,
-        "size": size,
-    }
+    names = {"golden": "golden.npz", "validation-data": "validation.npz"}
+    ref = {"name": names.get(kind, REFERENCE_FILE), "sha256": sha, "size": size}
     if kind == "golden":
         mv.golden = ref
+    elif kind == "reference":
+        # checked now, so a bad file is refused at push rather than at the first optimise
+        await asyncio.to_thread(load_reference, services(request).store.path(sha))
+        mv.reference = ref
+        mv.optimisation = None
     else:
         mv.validation_data = ref
     mv.validation = None
@@ -269,6 +300,43 @@ async def validate_version(
     )
     mv.validation = report
     audit.record(s, who.name, "version.validate", f"{name}:{version}", passed=report["passed"])
+    await s.commit()
+    return json_response(report)
+
+
+@router.post(
+    "/models/{name}/versions/{version}/optimise",
+    summary="Build INT8/FP16 variants per hardware profile, judged on the reference set",
+    openapi_extra=json_request(OptimiseRequest),
+)
+async def optimise_version(
+    name: str,
+    request: Request,
+    version: int = VERSION,
+    body: OptimiseRequest = OPTIMISE,
+    s: AsyncSession = SESSION,
+    who: Principal = OPERATOR,
+) -> Response:
+    mv = await get_version(s, name, version)
+    if not complete(mv):
+        raise Conflict(f"{name} v{version} is still being pushed: upload its files first")
+    if mv.stage != "candidate":
+        raise Conflict(f"{name} v{version} is {mv.stage}: only a candidate's variants may change")
+    if mv.reference is None:
+        raise Invalid(f"{name} v{version} has no reference set: push it with --reference FILE")
+    variants, report = await asyncio.to_thread(
+        optimise,
+        services(request).store,
+        mv.variants,
+        mv.reference,
+        max_accuracy_drop=body.max_accuracy_drop,
+        kinds=tuple(body.kinds),
+    )
+    mv.variants = variants
+    mv.optimisation = report
+    mv.validation = None  # new variants: validate again
+    outcomes = {r["kind"]: r["outcome"] for r in report["results"]}
+    audit.record(s, who.name, "version.optimise", f"{name}:{version}", **outcomes)
     await s.commit()
     return json_response(report)
 

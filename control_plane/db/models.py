@@ -89,6 +89,10 @@ class ModelVersion(Base):
     validation_data: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     validation: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     """The last validation report: passed, checks, accuracy."""
+    reference: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """The reference set (reference.npz: inputs with labels or expected outputs)."""
+    optimisation: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """The last optimisation report: each kind of variant built, refused or unavailable."""
     uploaded_by: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime]
     model: Mapped[Model] = relationship(back_populates="versions")

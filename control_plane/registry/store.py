@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -65,6 +66,23 @@ class ArtifactStore:
         except BaseException:
             Path(scratch).unlink(missing_ok=True)
             raise
+
+    def put_file(self, source: Path) -> tuple[str, int]:
+        """Store a file made here (blocking); return (sha256, size)."""
+        digest = hashlib.sha256()
+        with source.open("rb") as fh:
+            while block := fh.read(1 << 20):
+                digest.update(block)
+        sha, size = digest.hexdigest(), source.stat().st_size
+        if size > self.max_bytes:
+            raise TooLarge(f"{source.name} is over the limit of {self.max_bytes} bytes")
+        target = self.path(sha)
+        target.parent.mkdir(exist_ok=True)
+        fd, scratch = tempfile.mkstemp(dir=self.root / ".incoming")
+        os.close(fd)
+        shutil.copyfile(source, scratch)
+        os.replace(scratch, target)
+        return sha, size
 
     def materialise(self, files: list[dict[str, Any]], directory: Path) -> Path:
         """Link a variant's files under their own names into ``directory`` (IR needs its .bin

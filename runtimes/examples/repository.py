@@ -11,15 +11,17 @@ import numpy as np
 import onnx
 
 from runtimes.examples.classifier import write_classifier
+from runtimes.examples.digits import REFERENCE_FILE, write_digits
 from runtimes.examples.onnx_models import cnn_onnx, mlp_onnx
 from runtimes.examples.reference import cnn_forward, mlp_forward
 from runtimes.examples.tflite_models import mlp_tflite
-from runtimes.examples.weights import MLP_SIZES, SEED, cnn_layers, mlp_layers
+from runtimes.examples.weights import MLP_SIZES, SEED, Dense, cnn_layers, mlp_layers
 from runtimes.golden import GOLDEN_FILE, GoldenSample
 
-EXAMPLE_MODELS = ("mlp", "cnn", "cnn_ir", "mlp_tflite", "classifier")
+EXAMPLE_MODELS = ("mlp", "cnn", "cnn_ir", "mlp_tflite", "classifier", "digits")
 VERSION = "1"
 MLP_GOLDEN_ROWS = 8
+MLP_REFERENCE_ROWS = 64
 # The CNN is 50+ layers deep; float32 backends drift further from the float64 reference.
 MLP_TOLERANCE = (1e-4, 1e-4)
 CNN_TOLERANCE = (1e-3, 1e-3)
@@ -35,6 +37,14 @@ def _golden_inputs() -> tuple[np.ndarray, np.ndarray]:
     pattern = 2.0 * np.stack([np.sin(8 * xx), np.cos(6 * yy), xx - yy])[None]
     cnn_x = np.concatenate([noise, pattern]).astype(np.float32)
     return mlp_x, cnn_x
+
+
+def _write_mlp_reference(path: Path, layers: list[Dense]) -> None:
+    """Random rows with their float64-reference outputs: no labels, so quality is agreement."""
+    x = np.random.default_rng(SEED + 8).standard_normal((MLP_REFERENCE_ROWS, MLP_SIZES[0]))
+    x = x.astype(np.float32)
+    expected = mlp_forward(x, layers).astype(np.float32)
+    np.savez(path, **{"input:input": x, "output:logits": expected})  # type: ignore[arg-type]
 
 
 def _config(description: str) -> str:
@@ -76,11 +86,19 @@ def write_example_repository(
             if name == "mlp":
                 onnx.save(mlp_onnx(mlp), version_dir / "model.onnx")
                 mlp_golden.save(version_dir / GOLDEN_FILE)
+                _write_mlp_reference(version_dir / REFERENCE_FILE, mlp)
                 description = "MLP 256-1024-1024-10 (Gemm+Relu)"
             elif name == "mlp_tflite":
                 (version_dir / "model.tflite").write_bytes(mlp_tflite(mlp))
                 mlp_golden.save(version_dir / GOLDEN_FILE)
                 description = "MLP 256-1024-1024-10 as a TFLite flatbuffer"
+            elif name == "digits":
+                try:
+                    accuracy = write_digits(version_dir)
+                except ImportError:
+                    log("skipped digits: scikit-learn is not installed (pip install scikit-learn)")
+                    continue
+                description = f"MLP 64-64-10 trained on sklearn digits ({accuracy:.1%} held out)"
             elif name == "classifier":
                 write_classifier(version_dir)
                 description = "JPEG -> top-5 labels: decode, resize, normalise, cnn, softmax"

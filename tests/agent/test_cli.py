@@ -32,7 +32,7 @@ def test_hardware_json_plans_every_example_model(example_repo: Path) -> None:
     report = json.loads(edgefleet("hardware", "--json", str(example_repo)).stdout)
     assert report["runtimes"]["onnxruntime"]["installed"]
     plans = {m["model"]: m for m in report["models"]}
-    assert set(plans) == {"mlp", "cnn", "cnn_ir", "mlp_tflite", "classifier"}
+    assert set(plans) == {"mlp", "cnn", "cnn_ir", "mlp_tflite", "classifier", "digits"}
     assert plans["cnn_ir"]["placement"]["runtime"] == "openvino"
     assert plans["mlp_tflite"]["placement"]["runtime"] == "litert"
     assert all(m["error"] is None for m in plans.values())
@@ -86,7 +86,7 @@ def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
     agents as processes; a staged rollout to two profiles; a bad version rolled back."""
     result = edgefleet("demo", "--workdir", str(tmp_path / "demo"))
     out = result.stdout
-    assert out.count("self-test passed") == 5, out  # classifier: its JPEG, end to end
+    assert out.count("self-test passed") == 6, out  # classifier: its JPEG, end to end
     assert "edge-x86: v2 on onnxruntime_onnx" in out and "edge-pi: v2 on litert_tflite" in out
     assert "rollout 2: rolled_back: error rate" in out
     assert "serving now: edge-x86 v2, edge-pi v2" in out and out.rstrip().endswith("== done")

@@ -1,0 +1,1 @@
+"""Model quality: reference sets, and optimised variants judged on them."""
