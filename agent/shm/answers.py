@@ -54,7 +54,8 @@ def hold_until_answered(
 
     def dropped(_: asyncio.Future[T]) -> None:
         if held.cancelled():
-            answer.cancel()  # answered() releases the lease when it sees it done
+            answer.cancel()
+            lease.release()  # now; answered() releases nothing more
 
     answer.add_done_callback(answered)
     held.add_done_callback(dropped)

@@ -114,13 +114,6 @@ def write(lease: Lease, ref: RegionRef, array: np.ndarray) -> tuple[str, int]:
     return datatype, size
 
 
-def written_size(array: np.ndarray) -> int:
-    """The bytes :func:`write` puts in a region for ``array``."""
-    if from_numpy(array.dtype) == "BYTES":
-        return len(to_raw(array, "BYTES"))
-    return array.nbytes
-
-
 def bytes_elements(raw: memoryview, count: int, where: str) -> np.ndarray:
     """BYTES elements (a 4-byte little-endian length, then the bytes), ``count`` of them."""
     items, pos = [], 0

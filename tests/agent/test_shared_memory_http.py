@@ -4,6 +4,7 @@ Runtime's own on the example models."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from collections.abc import Iterator
@@ -15,6 +16,9 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from agent.shm.answers import hold_until_answered
+from agent.shm.regions import RegionGoneError, SharedMemoryError, SharedMemoryRegistry
+from agent.shm.settings import SharedMemorySettings
 from tests.agent.fakes import Gate, gated_factory
 from tests.agent.grpc.test_grpc_endpoints import golden_input, ort_outputs
 from tests.agent.server import RunningAgent, copy_models, serve
@@ -65,7 +69,6 @@ def shm_request(
     return [tensor], [output]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
 def test_inputs_and_outputs_in_regions_equal_onnx_runtime(
     client: httpclient.InferenceServerClient, regions: Regions, example_repo: Path, model: str
@@ -204,3 +207,41 @@ def test_unregistered_while_in_use_fails_that_request(
         tensor.set_data_from_numpy(x)
         assert c.infer("mlp", [tensor]).as_numpy("logits").shape == (x.shape[0], 10)
         c.close()
+
+
+def test_a_lease_is_released_however_the_answer_ends(regions: Regions) -> None:
+    """The fast path may drop an answer (its client gone) without reading it: the regions
+    the request held are let go all the same, and a region unregistered meanwhile fails it."""
+    _, key = regions.make("r", 64)
+    registry = SharedMemoryRegistry(SharedMemorySettings())
+    region = registry.register("r", key, 0, 64)
+    written: list[int] = []
+
+    async def run(end: str) -> BaseException | int:
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[int] = loop.create_future()
+        lease = registry.lease()
+        lease.take("r", "inputs[0]")
+        held = hold_until_answered(answer, lease, written.append)
+        assert region.leases == 1
+        if end == "dropped":
+            held.cancel()
+        elif end == "unregistered":
+            registry.unregister("r")
+            answer.set_result(7)
+        else:
+            answer.set_result(7)
+        try:
+            return await held
+        except (asyncio.CancelledError, SharedMemoryError) as exc:
+            return exc
+        finally:
+            await asyncio.sleep(0)  # the answer's callbacks run
+            assert answer.done() and region.leases == 0
+
+    assert asyncio.run(run("answered")) == 7 and written == [7]
+    assert isinstance(asyncio.run(run("dropped")), asyncio.CancelledError)
+    assert written == [7]  # nothing written for a dropped request
+    gone = asyncio.run(run("unregistered"))
+    assert isinstance(gone, RegionGoneError)
+    assert registry.status(None) == []
