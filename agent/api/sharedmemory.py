@@ -2,7 +2,7 @@
 
 NOTE: spec: https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_shared_memory.md
 Errors are the V2 ``{"error": ...}`` body with 400, as Triton answers them; regions registered
-here are the ones gRPC requests name.
+here are the ones gRPC and REST infer requests name.
 """
 
 from __future__ import annotations

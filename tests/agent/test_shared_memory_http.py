@@ -73,6 +73,7 @@ def shm_request(
 def test_inputs_and_outputs_in_regions_equal_onnx_runtime(
     client: httpclient.InferenceServerClient, regions: Regions, example_repo: Path, model: str
 ) -> None:
+    assert "system_shared_memory" in client.get_server_metadata()["extensions"]
     x = golden_input(example_repo, model)
     expected = ort_outputs(example_repo, model, x)
     in_handle, in_key = regions.make("in", x.nbytes)
