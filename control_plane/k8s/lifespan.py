@@ -42,7 +42,7 @@ def attach(
             controller = ModelRolloutController(
                 api, services.engine, services.sessions, namespace, settings
             )
-            tasks = [asyncio.create_task(controller.run(), name="k8s-controller")]
+            loops = {"k8s-controller": controller.run}
             if settings.agent_daemonset:
                 guard = AgentDaemonSetGuard(
                     api,
@@ -53,7 +53,11 @@ def attach(
                     upgrade_window_s=settings.agent_upgrade_window_s,
                     interval_s=settings.agent_check_interval_s,
                 )
-                tasks.append(asyncio.create_task(guard.run(), name="k8s-agent-guard"))
+                loops["k8s-agent-guard"] = guard.run
+            # one replica (the leader) acts on the cluster: two would race on every object
+            tasks = [
+                asyncio.create_task(services.engine.leadership.while_leading(**loops), name="k8s")
+            ]
             try:
                 yield state
             finally:

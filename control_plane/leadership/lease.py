@@ -159,31 +159,53 @@ class Leadership:
         self.epoch = None
 
     async def run(self, **loops: Loop) -> None:
-        """Run ``loops`` (task names to functions) while this replica leads: start them at
-        every gain, cancel them at every loss (a lease not renewed in time, or taken over),
-        until cancelled."""
+        """Keep the lease (take it, renew it) and run ``loops`` (task names to functions)
+        while this replica leads, until cancelled; then let the lease go."""
+        if self.single:
+            await _together(loops)
+            return
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._keep(), name="leader-lease")
+            tg.create_task(self.while_leading(**loops), name="leader-loops")
+
+    async def while_leading(self, **loops: Loop) -> None:
+        """Run ``loops`` whenever this replica leads, as :meth:`run` keeps the lease: start
+        them at every gain, cancel them at every loss (a lease not renewed in time, or taken
+        over). For loops started apart from :meth:`run` (the Kubernetes controller)."""
         if self.single:
             await _together(loops)
             return
         running: asyncio.Task[None] | None = None
         try:
             while True:
-                try:
-                    await asyncio.wait_for(self.try_acquire(), timeout=self.renew_interval_s)
-                except Exception as exc:  # the database away or slow: the lease runs out
-                    log.warning("lease not renewed", extra={"error": repr(exc)})
+                self.changed.clear()
                 if self.leading and running is None:
                     running = asyncio.create_task(_together(loops), name="leader-loops")
                 elif not self.leading and running is not None:
-                    self._lose("lease not renewed in time")
                     await _cancel(running)
                     running = None
                 if running is not None and running.done():
                     running.result()  # a loop ended by a bug: raise it, do not hide it
-                await asyncio.sleep(self.renew_interval_s)
+                # a gain or loss wakes this at once; the lease running out on this replica's
+                # clock is seen within a renewal
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.renew_interval_s):
+                        await self.changed.wait()
         finally:
             if running is not None:
                 await _cancel(running)
+
+    async def _keep(self) -> None:
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(self.try_acquire(), timeout=self.renew_interval_s)
+                except Exception as exc:  # the database away or slow: the lease runs out
+                    log.warning("lease not renewed", extra={"error": repr(exc)})
+                if self.epoch is not None and not self.leading:
+                    self._lose("lease not renewed in time")
+                await asyncio.sleep(self.renew_interval_s)
+        finally:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(self.renew_interval_s):
                     await self.release()

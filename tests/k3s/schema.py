@@ -16,7 +16,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 K3S = ROOT / "k3s"
 CRD = K3S / "base" / "crd" / "modelrollouts.edgefleet.io.yaml"
-OVERLAYS = ["edge", "overlays/cpu", "overlays/intel", "overlays/jetson", "overlays/cluster"]
+OVERLAYS = [
+    "edge",
+    "overlays/cpu",
+    "overlays/intel",
+    "overlays/jetson",
+    "overlays/cluster",
+    "overlays/replicas",
+]
 KUBERNETES_VERSION = "1.37.0"  # the newest schemas kubernetes-validate ships
 
 

@@ -26,6 +26,10 @@ pytestmark = pytest.mark.slow
 FILE = FileRef(name="model.onnx", url="http://127.0.0.1:1/a", sha256="0" * 64, size=1)
 
 
+def leads(leadership: Leadership) -> bool:
+    return leadership.leading
+
+
 def replica(db_url: str, state_dir: Path, name: str) -> Services:
     settings = ControlPlaneSettings(
         db_url=db_url,
@@ -102,20 +106,20 @@ def test_a_leader_whose_lease_was_taken_over_cannot_write_or_publish(tmp_path: P
             try:
                 assert await lead_a.try_acquire()
                 assert not await lead_b.try_acquire()  # held, not expired
-                assert lead_a.leading and not lead_b.leading
+                assert leads(lead_a) and not leads(lead_b)
                 rollout_id = await add_rollout(a)
                 # the lease runs out while a's clock stands still; b takes it over
                 async with a.sessions.begin() as s:
                     await s.execute(text("UPDATE leader_leases SET expires_at = now()"))
                 assert await lead_b.try_acquire()
                 assert (lead_a.epoch, lead_b.epoch) == (1, 2)
-                assert lead_a.leading  # a still believes it leads: only the epoch stops it
+                assert leads(lead_a)  # a still believes it leads: only the epoch stops it
 
                 with pytest.raises(Fenced, match="epoch 1 was superseded by 2"):
                     await a.engine.step(rollout_id)
                 assert await device_state(a, rollout_id) == (DeviceRolloutState.PENDING, {})
                 assert a.bus.backlog == 0  # nothing published
-                assert not lead_a.leading  # and it knows it now
+                assert not leads(lead_a)  # and it knows it now
                 assert not await lead_a.try_acquire()  # b's lease holds
 
                 await b.engine.step(rollout_id)  # the same step under the current epoch
@@ -142,10 +146,10 @@ def test_the_lease_moves_when_its_holder_stops_renewing_and_at_release(tmp_path:
                 assert await first.try_acquire() and first.epoch == 1  # renewed, same epoch
                 assert not await second.try_acquire()
                 await asyncio.sleep(0.7)  # first stops renewing: its lease expires
-                assert not first.leading  # its own clock said so first
+                assert not leads(first)  # its own clock said so first
                 assert await second.try_acquire() and second.epoch == 2
                 await second.release()  # a clean stop hands over at once
-                assert not second.leading
+                assert not leads(second)
                 assert await first.try_acquire() and first.epoch == 3
             finally:
                 await sessions.kw["bind"].dispose()
