@@ -50,3 +50,6 @@ def test_the_replicas_share_their_volume_and_keep_one_up_through_a_drain() -> No
     assert budget["spec"]["minAvailable"] == 1
     assert budget["spec"]["selector"]["matchLabels"].items() <= pods["labels"].items()
     assert budget["metadata"]["namespace"] == "edgefleet"
+    # the console's login sessions are a replica's own: a browser sticks to one
+    service = find(docs, "Service", "edgefleet-control-plane")
+    assert service["spec"]["sessionAffinity"] == "ClientIP"
