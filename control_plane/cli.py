@@ -640,15 +640,15 @@ def _echo_optimisation(report: dict[str, Any], *, err: bool) -> None:
         line = f"{r['kind']}: {r['outcome']}"
         if r["outcome"] == "built":
             line += f" as variant {r['variant']} for {','.join(r['profiles'])}"
-        if r.get("agreement") is not None:
             if r.get("accuracy") is not None:
                 line += (
                     f"; accuracy {r['accuracy']:.4f} vs FP32 {r['accuracy_fp32']:.4f} "
                     f"({r['accuracy_delta'] * 100:+.2f} points)"
                 )
+        elif r.get("reason"):  # a refusal's reason holds its accuracy or agreement
+            line += f": {r['reason']}"
+        if r.get("agreement") is not None:
             line += f"; agreement {r['agreement']:.4f}; max abs diff {r['max_abs_diff']:.3g}"
-        if r.get("reason"):
-            line += f" ({r['reason']})"
         click.echo(line, err=err)
 
 

@@ -329,9 +329,13 @@ async def optimise_version(
         services(request).store,
         mv.variants,
         mv.reference,
+        mv.golden,
         max_accuracy_drop=body.max_accuracy_drop,
         kinds=tuple(body.kinds),
     )
+    # what was built is served to devices by digest
+    for sha, size in {(f["sha256"], f["size"]) for v in variants for f in v["files"]}:
+        await record_artifact(s, sha, size)
     mv.variants = variants
     mv.optimisation = report
     mv.validation = None  # new variants: validate again

@@ -5,6 +5,11 @@ an ``optimisation`` record: kind, source variant, and the numbers they were judg
 of one of their profiles is sent them (``ModelManifest.variant_for``); others keep the FP32 one.
 A profile that already has a pushed variant is left to it. Building again replaces the variants
 built before.
+
+The version's golden sample expects FP32 answers within 1e-4, which an INT8 model does not give:
+a built variant carries its own ``golden.npz`` among its files (the same inputs, its own answers,
+a tolerance as wide as its distance from FP32 on them), and the manifest then sends every
+variant its golden as one of its files (:func:`control_plane.rollouts.manifests.build_manifest`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from control_plane.errors import Invalid
 from control_plane.quality.optimise import (
@@ -27,13 +34,31 @@ from control_plane.quality.optimise import (
     refusal,
     run_model,
 )
-from control_plane.quality.reference import load_reference
+from control_plane.quality.reference import ReferenceSet, load_reference
 from control_plane.registry.store import ArtifactStore, read_signature
+from runtimes.golden import GOLDEN_FILE, GoldenSample
 
 _BUILDERS: dict[VariantKind, Callable[..., None]] = {
     VariantKind.INT8: build_int8,
     VariantKind.FP16: lambda source, target, _reference: build_fp16(source, target),
 }
+
+
+def _own_golden(
+    store: ArtifactStore, golden: dict[str, Any], fp32_file: Path, variant_file: Path
+) -> dict[str, Any]:
+    """The version's golden inputs with the variant's own answers, stored; its file entry."""
+    sample = GoldenSample.load(store.path(golden["sha256"]))
+    rows = ReferenceSet(sample.inputs, None, sample.outputs)
+    fp32, mine = run_model(fp32_file, rows), run_model(variant_file, rows)
+    spread = max(float(np.max(np.abs(mine[k] - fp32[k]))) for k in sample.outputs if k in mine)
+    path = variant_file.with_name(GOLDEN_FILE)
+    outputs = {k: mine[k] for k in sample.outputs if k in mine}
+    # as far from its own answers as it is from FP32's: wide enough for another CPU's integer
+    # kernels, narrow enough to catch a corrupt or wrong model
+    GoldenSample(sample.inputs, outputs, rtol=0.0, atol=max(1e-3, spread)).save(path)
+    sha, size = store.put_file(path)
+    return {"name": GOLDEN_FILE, "sha256": sha, "size": size}
 
 
 def source_index(variants: list[dict[str, Any]]) -> int:
@@ -49,6 +74,7 @@ def optimise(
     store: ArtifactStore,
     variants: list[dict[str, Any]],
     reference: dict[str, Any],
+    golden: dict[str, Any] | None = None,
     *,
     max_accuracy_drop: float,
     kinds: tuple[VariantKind, ...] = tuple(VariantKind),
@@ -101,6 +127,8 @@ def optimise(
             sha, size = store.put_file(target)
             files = [f for f in source["files"] if not f["name"].endswith(".onnx")]
             files.append({"name": model_file.name, "sha256": sha, "size": size})
+            if golden is not None:
+                files.append(_own_golden(store, golden, model_file, target))
             variant: dict[str, Any] = {"format": "onnx", "profiles": profiles, "files": files}
             variant["signature"] = read_signature(store, variant)
             variant["optimisation"] = {k: v for k, v in result.items() if k != "profiles"}

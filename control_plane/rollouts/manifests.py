@@ -38,7 +38,19 @@ def build_manifest(
     now: datetime,
     ttl_s: float,
 ) -> ModelManifest:
-    """The manifest of ``mv`` for no device in particular (see :func:`for_device`)."""
+    """The manifest of ``mv`` for no device in particular (see :func:`for_device`).
+
+    When a variant carries its own golden sample (an INT8 or FP16 one built by
+    :mod:`control_plane.quality`), the version's goes into every other variant's files instead
+    of the manifest's ``golden``: a device installs its variant's files by name, so each runs
+    the golden sample made for what it serves."""
+    golden = mv.golden
+    variants = [dict(v) for v in mv.variants]
+    if golden and any(f["name"] == golden["name"] for v in variants for f in v["files"]):
+        for v in variants:
+            if not any(f["name"] == golden["name"] for f in v["files"]):
+                v["files"] = [*v["files"], golden]
+        golden = None
     return ModelManifest(
         model=mv.model.name,
         version=mv.version,
@@ -49,9 +61,9 @@ def build_manifest(
                 profiles=v["profiles"],
                 files=[_file(f, base_url) for f in v["files"]],
             )
-            for v in mv.variants
+            for v in variants
         ],
-        golden=_file(mv.golden, base_url) if mv.golden else None,
+        golden=_file(golden, base_url) if golden else None,
         config=mv.config,
         health=HealthCriteria.model_validate(mv.health),
         target=TargetSelector(),

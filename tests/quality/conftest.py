@@ -16,15 +16,20 @@ from tests.mqtt_broker import Mosquitto, free_port
 
 
 @pytest.fixture(scope="module")
-def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningControlPlane]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
+    mosquitto = Mosquitto(tmp_path_factory.mktemp("quality-broker")).start()
+    yield mosquitto
+    mosquitto.stop()
+
+
+@pytest.fixture(scope="module")
+def cp(
+    tmp_path_factory: pytest.TempPathFactory, broker: Mosquitto
+) -> Iterator[RunningControlPlane]:
     root = tmp_path_factory.mktemp("quality-cp")
-    broker = Mosquitto(root / "broker").start()
-    try:
-        db = f"sqlite+aiosqlite:///{root}/cp.db"
-        with control_plane(root / "cp", db, broker.url, free_port()) as running:
-            yield running
-    finally:
-        broker.stop()
+    db = f"sqlite+aiosqlite:///{root}/cp.db"
+    with control_plane(root / "cp", db, broker.url, free_port()) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import io
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from control_plane.db.models import Model, ModelVersion
+from control_plane.rollouts.manifests import build_manifest
+from runtimes.backends import open_model
+from runtimes.base import Placement
+from runtimes.golden import GoldenSample
 from tests.control_plane.server import RunningControlPlane
 from tests.quality.conftest import edgefleet
 
@@ -16,7 +23,7 @@ CPU_PROFILES = "generic-arm64,generic-x86_64,google-coral,raspberry-pi-5"
 
 @pytest.mark.slow
 def test_push_with_reference_builds_judged_variants_per_profile(
-    cp: RunningControlPlane, examples: Path
+    cp: RunningControlPlane, examples: Path, tmp_path: Path
 ) -> None:
     version_dir = examples / "digits/1"
     pushed = edgefleet(
@@ -50,6 +57,34 @@ def test_push_with_reference_builds_judged_variants_per_profile(
     checked = edgefleet(cp, "models", "validate", "digits", "1")
     assert checked.returncode == 0, checked.stdout
     assert "variant 1 (onnx) on onnxruntime loads" in checked.stdout
+    _each_variant_gets_the_golden_sample_of_what_it_serves(cp, doc, tmp_path)
+
+
+def _each_variant_gets_the_golden_sample_of_what_it_serves(
+    cp: RunningControlPlane, doc: dict[str, Any], tmp_path: Path
+) -> None:
+    mv = ModelVersion(
+        version=1, variants=doc["variants"], golden=doc["golden"], config={}, health={}
+    )
+    mv.model = Model(name="digits")
+    now = datetime.now(UTC)
+    manifest = build_manifest(mv, sequence=1, base_url=cp.url, rollout_id=None, now=now, ttl_s=60)
+    assert manifest.golden is None  # each variant carries its own
+    for profile, kind in (("generic-x86_64", "int8"), ("some-other-box", "fp32")):
+        variant = manifest.variant_for(profile, {"onnx"})
+        assert variant is not None
+        files = {}
+        for ref in variant.files:
+            files[ref.name] = tmp_path / f"{kind}-{ref.name}"
+            files[ref.name].write_bytes(cp.admin.get(f"/artifacts/sha256/{ref.sha256}").content)
+        golden = GoldenSample.load(files["golden.npz"])
+        model = open_model(files["model.onnx"], Placement(runtime="onnxruntime"))
+        try:
+            assert golden.mismatches(model.infer(golden.inputs)) == [], kind
+        finally:
+            model.close()
+        if kind == "int8":
+            assert golden.atol >= 1e-3  # the FP32 golden's 1e-4 would refuse INT8's answers
 
 
 @pytest.mark.slow
@@ -72,7 +107,7 @@ def test_a_variant_past_the_threshold_is_refused_with_its_numbers(
     )  # fmt: off
     assert pushed.returncode == 0, pushed.stderr
     refused = next(line for line in pushed.stdout.splitlines() if line.startswith("int8:"))
-    assert refused.startswith("int8: refused; accuracy "), refused
+    assert refused.startswith("int8: refused: accuracy "), refused
     assert "over the limit of 1.00" in refused
     report = cp.admin.get("/api/v1/models/digits/versions/2").json()["optimisation"]
     int8 = next(r for r in report["results"] if r["kind"] == "int8")
