@@ -5,6 +5,8 @@
   reference inputs, for profiles whose first ONNX choice is ONNX Runtime on the CPU.
 - ``fp16``: ``onnxconverter-common``'s float16 conversion (I/O kept float32), for profiles
   whose first ONNX choice is ONNX Runtime on a GPU.
+- ``openvino_int8``: OpenVINO IR quantised by NNCF on the reference inputs, for profiles whose
+  first ONNX choice is OpenVINO.
 
 Each variant runs on the reference set next to the FP32 model. With labels, it is refused when
 its accuracy falls more than ``max_accuracy_drop`` below the FP32 model's; without labels, when
@@ -32,6 +34,7 @@ BATCH_ROWS = 64
 class VariantKind(StrEnum):
     INT8 = "int8"
     FP16 = "fp16"
+    OPENVINO_INT8 = "openvino_int8"
 
 
 class Outcome(StrEnum):
@@ -42,18 +45,28 @@ class Outcome(StrEnum):
 
 
 def profiles_for(kind: VariantKind, profiles_dir: Path | None = None) -> list[str]:
-    """The profiles whose first ONNX preference this kind of variant serves."""
-    wanted = "CPU" if kind is VariantKind.INT8 else "GPU"
+    """The profiles whose first ONNX preference this kind of variant serves: ONNX Runtime on
+    the CPU (int8), on a GPU (fp16), or OpenVINO on any device (openvino_int8)."""
     names = []
     for profile in load_profiles(profiles_dir or default_profiles_dir()):
         first = next(iter(profile.preferences.get("onnx", ())), None)  # type: ignore[call-overload]
-        if first is not None and first.runtime == "onnxruntime" and first.device == wanted:
+        if first is None:
+            continue
+        if kind is VariantKind.OPENVINO_INT8:
+            wanted = first.runtime == "openvino"
+        else:
+            device = "CPU" if kind is VariantKind.INT8 else "GPU"
+            wanted = first.runtime == "onnxruntime" and first.device == device
+        if wanted:
             names.append(profile.name)
     return names
 
 
 def run_model(path: Path, reference: ReferenceSet) -> dict[str, np.ndarray]:
-    """The model's outputs over the whole reference set (ONNX Runtime, CPU, in batches)."""
+    """The model's outputs over the whole reference set (ONNX Runtime, or OpenVINO for IR;
+    CPU, in batches)."""
+    if path.suffix == ".xml":
+        return _run_openvino(path, reference)
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -64,6 +77,19 @@ def run_model(path: Path, reference: ReferenceSet) -> dict[str, np.ndarray]:
     for batch in reference.batches(BATCH_ROWS):
         for name, value in zip(names, session.run(names, batch), strict=True):
             parts[name].append(np.asarray(value))
+    return {n: np.concatenate(v) for n, v in parts.items()}
+
+
+def _run_openvino(path: Path, reference: ReferenceSet) -> dict[str, np.ndarray]:
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(str(path), "CPU")
+    names = [o.get_any_name() for o in compiled.outputs]
+    parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for batch in reference.batches(BATCH_ROWS):
+        result = compiled(batch)
+        for name, port in zip(names, compiled.outputs, strict=True):
+            parts[name].append(np.asarray(result[port]))
     return {n: np.concatenate(v) for n, v in parts.items()}
 
 
@@ -164,9 +190,34 @@ def build_fp16(source: Path, target: Path) -> None:
     onnx.save(model, str(target))
 
 
-def fp16_available() -> bool:
+def build_openvino_int8(source: Path, target: Path, reference: ReferenceSet) -> None:
+    """OpenVINO IR (``target`` is the .xml; its .bin beside it), INT8 through NNCF's
+    post-training quantisation on (up to 300 rows of) the reference inputs."""
+    import nncf
+    import openvino as ov
+
+    rows = [
+        {k: v[i : i + 1] for k, v in reference.inputs.items()}
+        for i in range(min(reference.rows, 300))
+    ]
+    model = ov.convert_model(str(source))
+    quantised = nncf.quantize(model, nncf.Dataset(rows), subset_size=len(rows))
+    ov.save_model(quantised, str(target), compress_to_fp16=False)
+
+
+def missing_tool(kind: VariantKind) -> str | None:
+    """What the control plane lacks to build ``kind``, or None."""
+    needs = {
+        VariantKind.FP16: ("onnxconverter_common", "onnxconverter-common"),
+        VariantKind.OPENVINO_INT8: ("nncf", "nncf (and openvino)"),
+    }
+    if kind not in needs:
+        return None
+    module, package = needs[kind]
     try:
-        import onnxconverter_common  # noqa: F401
+        __import__(module)
+        if kind is VariantKind.OPENVINO_INT8:
+            __import__("openvino")
     except ImportError:
-        return False
-    return True
+        return f"{package} is not installed on the control plane"
+    return None

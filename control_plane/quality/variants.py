@@ -28,8 +28,9 @@ from control_plane.quality.optimise import (
     VariantKind,
     build_fp16,
     build_int8,
-    fp16_available,
+    build_openvino_int8,
     judge,
+    missing_tool,
     profiles_for,
     refusal,
     run_model,
@@ -41,6 +42,7 @@ from runtimes.golden import GOLDEN_FILE, GoldenSample
 _BUILDERS: dict[VariantKind, Callable[..., None]] = {
     VariantKind.INT8: build_int8,
     VariantKind.FP16: lambda source, target, _reference: build_fp16(source, target),
+    VariantKind.OPENVINO_INT8: build_openvino_int8,
 }
 
 
@@ -105,13 +107,12 @@ def optimise(
             if not profiles:
                 result.update(outcome=Outcome.UNAVAILABLE, reason="no profile left to serve")
                 continue
-            if kind is VariantKind.FP16 and not fp16_available():
-                result.update(
-                    outcome=Outcome.UNAVAILABLE,
-                    reason="onnxconverter-common is not installed on the control plane",
-                )
+            missing = missing_tool(kind)
+            if missing is not None:
+                result.update(outcome=Outcome.UNAVAILABLE, reason=missing)
                 continue
-            target = Path(scratch) / kind.value / model_file.name
+            ir = kind is VariantKind.OPENVINO_INT8
+            target = Path(scratch) / kind.value / ("model.xml" if ir else model_file.name)
             target.parent.mkdir()
             try:
                 _BUILDERS[kind](model_file, target, ref)
@@ -124,16 +125,18 @@ def optimise(
             if why is not None:
                 result.update(outcome=Outcome.REFUSED, reason=why)
                 continue
-            sha, size = store.put_file(target)
             files = [f for f in source["files"] if not f["name"].endswith(".onnx")]
-            files.append({"name": model_file.name, "sha256": sha, "size": size})
+            for made in [target, target.with_suffix(".bin")] if ir else [target]:
+                sha, size = store.put_file(made)
+                files.append({"name": made.name, "sha256": sha, "size": size})
             if golden is not None:
                 files.append(_own_golden(store, golden, model_file, target))
-            variant: dict[str, Any] = {"format": "onnx", "profiles": profiles, "files": files}
+            fmt = "openvino_ir" if ir else "onnx"
+            variant: dict[str, Any] = {"format": fmt, "profiles": profiles, "files": files}
             variant["signature"] = read_signature(store, variant)
             variant["optimisation"] = {k: v for k, v in result.items() if k != "profiles"}
             variant["optimisation"]["outcome"] = Outcome.BUILT.value
-            result.update(outcome=Outcome.BUILT, variant=len(pushed) + len(built), sha256=sha)
+            result.update(outcome=Outcome.BUILT, variant=len(pushed) + len(built))
             built.append(variant)
     report = {
         "max_accuracy_drop": max_accuracy_drop,

@@ -91,8 +91,8 @@ def validate(
                 continue
             runtimes = [n for n, cls in BACKENDS.items() if fmt in cls.formats]
             if variant.get("optimisation"):
-                # built for ONNX Runtime (its QLinear/QGemm operators are ORT's own)
-                runtimes = ["onnxruntime"]
+                # built for one runtime (ORT's QLinear/QGemm operators are its own)
+                runtimes = ["openvino" if fmt.value == "openvino_ir" else "onnxruntime"]
             for runtime_name in runtimes:
                 label = f"variant {i} ({fmt.value}) on {runtime_name}"
                 if not inventory.get(runtime_name).installed:

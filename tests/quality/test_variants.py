@@ -35,6 +35,7 @@ def test_push_with_reference_builds_judged_variants_per_profile(
     assert "uploaded" in out and "(reference set)" in out
     assert f"int8: built as variant 1 for {CPU_PROFILES}; accuracy " in out, out
     assert "fp16: built as variant 2 for nvidia-gpu,nvidia-jetson-orin" in out, out
+    assert "openvino_int8: built as variant 3 for intel-core-ultra" in out, out
 
     doc = cp.admin.get("/api/v1/models/digits/versions/1").json()
     assert doc["reference"]["name"] == "reference.npz"
@@ -57,6 +58,7 @@ def test_push_with_reference_builds_judged_variants_per_profile(
     checked = edgefleet(cp, "models", "validate", "digits", "1")
     assert checked.returncode == 0, checked.stdout
     assert "variant 1 (onnx) on onnxruntime loads" in checked.stdout
+    assert "variant 3 (openvino_ir) on openvino loads" in checked.stdout
     _each_variant_gets_the_golden_sample_of_what_it_serves(cp, doc, tmp_path)
 
 
@@ -70,20 +72,26 @@ def _each_variant_gets_the_golden_sample_of_what_it_serves(
     now = datetime.now(UTC)
     manifest = build_manifest(mv, sequence=1, base_url=cp.url, rollout_id=None, now=now, ttl_s=60)
     assert manifest.golden is None  # each variant carries its own
-    for profile, kind in (("generic-x86_64", "int8"), ("some-other-box", "fp32")):
+    cases = [
+        ("generic-x86_64", "int8", "model.onnx", "onnxruntime"),
+        ("intel-core-ultra", "openvino_int8", "model.xml", "openvino"),
+        ("some-other-box", "fp32", "model.onnx", "onnxruntime"),
+    ]
+    for profile, kind, model_name, runtime in cases:
         variant = manifest.variant_for(profile, {"onnx"})
         assert variant is not None
-        files = {}
+        directory = tmp_path / kind
+        directory.mkdir()
         for ref in variant.files:
-            files[ref.name] = tmp_path / f"{kind}-{ref.name}"
-            files[ref.name].write_bytes(cp.admin.get(f"/artifacts/sha256/{ref.sha256}").content)
-        golden = GoldenSample.load(files["golden.npz"])
-        model = open_model(files["model.onnx"], Placement(runtime="onnxruntime"))
+            content = cp.admin.get(f"/artifacts/sha256/{ref.sha256}").content
+            (directory / ref.name).write_bytes(content)
+        golden = GoldenSample.load(directory / "golden.npz")
+        model = open_model(directory / model_name, Placement(runtime=runtime))
         try:
             assert golden.mismatches(model.infer(golden.inputs)) == [], kind
         finally:
             model.close()
-        if kind == "int8":
+        if kind != "fp32":
             assert golden.atol >= 1e-3  # the FP32 golden's 1e-4 would refuse INT8's answers
 
 
@@ -113,7 +121,8 @@ def test_a_variant_past_the_threshold_is_refused_with_its_numbers(
     int8 = next(r for r in report["results"] if r["kind"] == "int8")
     assert int8["outcome"] == "refused" and int8["accuracy_delta"] < -0.01
     variants = cp.admin.get("/api/v1/models/digits/versions/2").json()["variants"]
-    assert [v.get("optimisation", {}).get("kind", "fp32") for v in variants] == ["fp32", "fp16"]
+    kinds = [v.get("optimisation", {}).get("kind", "fp32") for v in variants]
+    assert kinds == ["fp32", "fp16", "openvino_int8"]  # NNCF's ranges shrug off one outlier
 
 
 @pytest.mark.slow
@@ -142,7 +151,7 @@ def test_agreement_judges_a_model_without_labels_and_optimize_rebuilds(
         v.get("optimisation", {}).get("kind", "fp32")
         for v in cp.admin.get("/api/v1/models/mlp/versions/1").json()["variants"]
     ]
-    assert kinds == ["fp32", "int8", "fp16"], again.stdout
+    assert kinds == ["fp32", "int8", "fp16", "openvino_int8"], again.stdout
     assert "agreement " in edgefleet(cp, "models", "list").stdout
 
 
