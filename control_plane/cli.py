@@ -16,6 +16,12 @@ from common.cli import OneLineChoice, one_line, settings_failure, subgroup
 from control_plane.api_client import Api, connected
 from control_plane.device_view import device_lines
 from control_plane.provisioning.cli import register_fleet
+from control_plane.quality.cli import (
+    echo_optimisation,
+    max_drop_option,
+    register_quality_commands,
+    variant_line,
+)
 from control_plane.rollouts.states import FINISHED
 from control_plane.status_view import status_lines
 
@@ -162,6 +168,7 @@ def register_operator_commands(root: click.Group) -> None:
     register_deployment_commands(root)
     register_window_commands(root)
     models = subgroup(root, "models", "Model repositories and the model registry.")
+    register_quality_commands(models)
     rollouts = subgroup(root, "rollouts", "Staged rollouts.")
     devices = subgroup(root, "devices", "The device inventory.")
     keys = subgroup(root, "keys", "Signing keys and the trust root.")
@@ -274,29 +281,9 @@ def register_operator_commands(root: click.Group) -> None:
                 f"/api/v1/models/{name}/versions/{version}/optimise",
                 json={"max_accuracy_drop": max_accuracy_drop},
             )
-            _echo_optimisation(report, err=as_json)
+            echo_optimisation(report, err=as_json)
         if as_json:
             _print(api.call("GET", f"/api/v1/models/{name}/versions/{version}"), True)
-
-    @models.command("optimize")
-    @click.argument("name")
-    @click.argument("version", type=int)
-    @max_drop_option
-    @as_json_option
-    @connected
-    def optimize(name: str, version: int, max_accuracy_drop: float, as_json: bool) -> None:
-        """Build INT8 (CPU profiles) and FP16 (GPU profiles) variants of a candidate version
-        from its FP32 ONNX variant, each judged on the version's reference set; one past
-        --max-accuracy-drop is refused, with its numbers."""
-        report = Api.connect().call(
-            "POST",
-            f"/api/v1/models/{name}/versions/{version}/optimise",
-            json={"max_accuracy_drop": max_accuracy_drop},
-        )
-        if as_json:
-            _print(report, True)
-        else:
-            _echo_optimisation(report, err=False)
 
     @models.command("list")
     @click.option("--archived", is_flag=True, help="Show archived versions too.")
@@ -319,7 +306,7 @@ def register_operator_commands(root: click.Group) -> None:
             for v in m["versions"]:
                 for i, variant in enumerate(v["variants"]):
                     if variant["kind"] != "fp32":
-                        click.echo(f"  v{v['version']} variant {i}: {_variant_line(variant)}")
+                        click.echo(f"  v{v['version']} variant {i}: {variant_line(variant)}")
 
     @models.command("validate")
     @click.argument("name")
@@ -609,47 +596,6 @@ def register_operator_commands(root: click.Group) -> None:
 
     del push, list_models, validate, stage, create, list_rollouts, status, list_devices, label
     del show_device, rotate, revoke
-
-
-max_drop_option = click.option(
-    "--max-accuracy-drop",
-    type=click.FloatRange(0, 1),
-    default=0.01,
-    show_default=True,
-    help="Refuse a variant whose accuracy on the reference set is more than this below FP32's "
-    "(a fraction: 0.01 is one point); without labels, whose top-1 agreement is below 1 - this.",
-)
-
-
-def _variant_line(variant: dict[str, Any]) -> str:
-    """One optimised variant as `models list` prints it."""
-    delta = variant["accuracy_delta"]
-    quality = (
-        f"accuracy {delta * 100:+.2f} points"
-        if delta is not None
-        else f"agreement {variant['agreement']:.2%}"
-    )
-    return (
-        f"{variant['kind']} for {','.join(variant['profiles'])}: {quality}, "
-        f"max abs diff {variant['max_abs_diff']:.3g}"
-    )
-
-
-def _echo_optimisation(report: dict[str, Any], *, err: bool) -> None:
-    for r in report["results"]:
-        line = f"{r['kind']}: {r['outcome']}"
-        if r["outcome"] == "built":
-            line += f" as variant {r['variant']} for {','.join(r['profiles'])}"
-            if r.get("accuracy") is not None:
-                line += (
-                    f"; accuracy {r['accuracy']:.4f} vs FP32 {r['accuracy_fp32']:.4f} "
-                    f"({r['accuracy_delta'] * 100:+.2f} points)"
-                )
-        elif r.get("reason"):  # a refusal's reason holds its accuracy or agreement
-            line += f": {r['reason']}"
-        if r.get("agreement") is not None:
-            line += f"; agreement {r['agreement']:.4f}; max abs diff {r['max_abs_diff']:.3g}"
-        click.echo(line, err=err)
 
 
 def _show(doc: dict[str, Any]) -> None:
