@@ -156,7 +156,7 @@ def test_agreement_judges_a_model_without_labels_and_optimize_rebuilds(
 
 
 def test_bad_reference_sets_and_requests_are_refused_clearly(
-    cp: RunningControlPlane, examples: Path
+    cp: RunningControlPlane, examples: Path, tmp_path: Path
 ) -> None:
     spec = {"version": 1, "variants": [{"format": "onnx"}]}
     assert cp.admin.post("/api/v1/models/plain/versions", json=spec).status_code == 201
@@ -185,3 +185,15 @@ def test_bad_reference_sets_and_requests_are_refused_clearly(
     assert mismatched.status_code == 400 and "does not run on the FP32 model" in mismatched.text
     too_loose = cp.admin.post(f"{url}/optimise", json={"max_accuracy_drop": 2})
     assert too_loose.status_code in (400, 422)
+
+    # a golden sample that does not fit the model: the variants are refused, saying why
+    reference = (examples / "digits/1/reference.npz").read_bytes()
+    assert cp.admin.put(f"{url}/reference", content=reference).status_code == 200
+    GoldenSample({"wrong": np.zeros((1, 64), np.float32)}, {"logits": np.zeros((1, 10))}).save(
+        tmp_path / "golden.npz"
+    )
+    golden = (tmp_path / "golden.npz").read_bytes()
+    assert cp.admin.put(f"{url}/golden", content=golden).status_code == 200
+    report = cp.admin.post(f"{url}/optimise", json={"kinds": ["int8"]}).json()
+    assert report["results"][0]["outcome"] == "refused", report
+    assert "golden sample could not be made" in report["results"][0]["reason"]
