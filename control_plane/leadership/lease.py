@@ -95,7 +95,7 @@ class Leadership:
         self._valid_until = 0.0
         """``time.monotonic()`` past which this replica stops counting itself the leader."""
         self.changed = asyncio.Event()
-        """Set at every gain or loss (tests and the health page wait on it)."""
+        """Set at every gain or loss (:meth:`while_leading` waits on it)."""
 
     @property
     def leading(self) -> bool:
