@@ -4,6 +4,7 @@ the correctness test both use it."""
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import threading
@@ -30,6 +31,8 @@ class Monitor:
         self.procs = {role: [psutil.Process(p) for p in ps] for role, ps in pids.items()}
         self.interval_s = interval_s
         self.peak_rss: dict[str, int] = dict.fromkeys(pids, 0)
+        self._cpu: dict[int, float] = {}
+        """Each process's CPU seconds at its last sample."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="bench-monitor")
         self._thread.start()
@@ -39,10 +42,17 @@ class Monitor:
         for role, procs in self.procs.items():
             cpu, rss = 0.0, 0
             for p in procs:
-                with p.oneshot():
-                    t = p.cpu_times()
-                    cpu += t.user + t.system
-                    rss += p.memory_info().rss
+                try:
+                    with p.oneshot():
+                        t = p.cpu_times()
+                        self._cpu[p.pid] = t.user + t.system
+                        rss += p.memory_info().rss
+                except psutil.NoSuchProcess:
+                    # a PostgreSQL backend whose connection the pool closed: its CPU up to its
+                    # last sample still counts
+                    if p.pid not in self._cpu:
+                        raise
+                cpu += self._cpu[p.pid]
             out[role] = (cpu, rss)
         return out
 
@@ -132,11 +142,15 @@ def start_fleet(
     sim_procs: int,
     interval_s: float,
     control_plane_env: Mapping[str, str] | None = None,
+    db_url: str | None = None,
+    replicas: int = 0,
 ) -> Fleet:
     """Broker, control plane (with a validated v2 to roll out), bare subscriber and simulator
     processes; returns once the control plane lists every device online.
     ``control_plane_env`` is added to the control plane's environment only (a ``PYTHONPATH``
-    to run another code tree's control plane against the same simulator)."""
+    to run another code tree's control plane against the same simulator). ``db_url``: a
+    PostgreSQL database instead of SQLite; ``replicas``: that many control plane replicas
+    on it, splitting ingest by a shared subscription (0: one plain control plane)."""
     logs = workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     mqtt_port = stack.free_port()
@@ -144,19 +158,29 @@ def start_fleet(
         process(stack.mosquitto_args(workdir, mqtt_port), logs / "mosquitto.out")
     )
     wait_for("the broker", lambda: stack.port_open(mqtt_port), 20)
-    cp_port = stack.free_port()
-    config = stack.control_plane_config(workdir, mqtt_port, cp_port)
     exe = str(Path(sys.executable).parent / "edgefleet")
-    cp = stack_.enter_context(
-        process(
-            [exe, "control-plane", "--config", str(config)],
-            logs / "control-plane.log",
-            env=control_plane_env,
+    cps = []
+    ports = []
+    # the first replica alone first: it creates the keys the others then read
+    for replica in range(replicas) if replicas else [None]:
+        cp_port = stack.free_port()
+        config = stack.control_plane_config(
+            workdir, mqtt_port, cp_port, db_url=db_url, replica=replica
         )
-    )
-    url = f"http://127.0.0.1:{cp_port}/health"
-    wait_for("the control plane", lambda: httpx.get(url).status_code == 200, 120)
-    api = stack_.enter_context(stack.admin_client(workdir, cp_port))
+        name = "control-plane" if replica is None else f"control-plane-{replica}"
+        cps.append(
+            stack_.enter_context(
+                process(
+                    [exe, "control-plane", "--config", str(config)],
+                    logs / f"{name}.log",
+                    env=control_plane_env,
+                )
+            )
+        )
+        url = f"http://127.0.0.1:{cp_port}/health"
+        wait_for(name, functools.partial(_healthy, url), 120)
+        ports.append(cp_port)
+    api = stack_.enter_context(stack.admin_client(workdir, ports[0]))
     stack.push_version(api, workdir, 2)
     bare_args = [sys.executable, "-m", "benchmarks.fleet.baresub", "--port", str(mqtt_port)]
     bare_args += ["--filter", f"{BARE_PREFIX}/devices/+/telemetry"]
@@ -173,7 +197,11 @@ def start_fleet(
         proc = process(args, logs / f"fleetsim-{k}.log", stdin=True, stdout=True)
         sims.append(LineChild(stack_.enter_context(proc)))
     connect_s = max(s.read()["connect_s"] for s in sims)
-    db = stack.Database(workdir / "control-plane" / "edgefleet.db")
+    db = (
+        stack.PgDatabase(db_url)
+        if db_url
+        else stack.Database(workdir / "control-plane" / "edgefleet.db")
+    )
     stack_.callback(db.close)
     wait_for(
         f"{devices} devices online in the inventory",
@@ -181,11 +209,13 @@ def start_fleet(
         120 + devices / 50,
     )
     pids = {
-        "control_plane": [cp.pid],
+        "control_plane": [cp.pid for cp in cps],
         "mosquitto": [broker.pid],
         "simulator": [s.proc.pid for s in sims],
         "bare_subscriber": [bare.proc.pid],
     }
+    if db_url:  # the server's processes that serve this database's connections
+        pids["postgres"] = _backends(db_url.rsplit("/", 1)[-1])
     monitor = Monitor(pids)
     stack_.callback(monitor.close)
     fleet = Fleet(devices, api, db, sims, bare, monitor, connect_s)
@@ -193,3 +223,17 @@ def start_fleet(
         lambda: fleet.tell({"op": "quit"}) if all(s.proc.poll() is None for s in sims) else None
     )
     return fleet
+
+
+def _backends(database: str) -> list[int]:
+    """The PostgreSQL backend processes connected to ``database`` (named in their title)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        line = " ".join(p.info["cmdline"] or [])
+        if line.startswith("postgres:") and f" {database} " in line:
+            found.append(p.pid)
+    return found
+
+
+def _healthy(url: str) -> bool:
+    return httpx.get(url).status_code == 200

@@ -122,13 +122,27 @@ def port_open(port: int) -> bool:
         return True
 
 
-def control_plane_config(workdir: Path, mqtt_port: int, port: int) -> Path:
+def control_plane_config(
+    workdir: Path,
+    mqtt_port: int,
+    port: int,
+    *,
+    db_url: str | None = None,
+    replica: int | None = None,
+) -> Path:
+    """The control plane's settings; with ``replica`` (0, 1, ...), one of several replicas on
+    ``db_url`` (PostgreSQL): its own broker client id in one shared subscription group, the
+    state directory shared."""
     state = workdir / "control-plane"
-    path = workdir / "control-plane.toml"
+    path = workdir / ("control-plane.toml" if replica is None else f"control-plane-{replica}.toml")
+    replicas: dict[str, Any] = {}
+    if replica is not None:
+        replicas = {"mqtt_client_id": f"bench-cp-{replica}", "mqtt_shared_group": "bench"}
     path.write_text(
         tomli_w.dumps(
             {
-                "db_url": f"sqlite+aiosqlite:///{state}/edgefleet.db",
+                **replicas,
+                "db_url": db_url or f"sqlite+aiosqlite:///{state}/edgefleet.db",
                 "mqtt_url": f"mqtt://127.0.0.1:{mqtt_port}",
                 "port": port,
                 "state_dir": str(state),
@@ -247,3 +261,32 @@ class Database:
 
     def close(self) -> None:
         self.conn.close()
+
+
+class PgDatabase(Database):
+    """The same counts from the control plane's PostgreSQL database (``?`` placeholders
+    become psycopg's ``%s``)."""
+
+    def __init__(self, db_url: str) -> None:  # no SQLite file: not Database.__init__
+        import psycopg  # the benchmark's PostgreSQL runs only
+
+        url = db_url.replace("postgresql+psycopg://", "postgresql://")
+        self.pg = psycopg.connect(url, autocommit=True)
+
+    def scalar(self, sql: str, *params: Any) -> int:
+        row = self.pg.execute(sql.replace("?", "%s"), params).fetchone()
+        return int((row[0] if row else 0) or 0)
+
+    def rollout_states(self, rollout_id: int) -> dict[str, int]:
+        rows = self.pg.execute(
+            "SELECT state, count(*) FROM rollout_devices WHERE rollout_id = %s GROUP BY state",
+            (rollout_id,),
+        ).fetchall()
+        return {state: int(n) for state, n in rows}
+
+    def rollout_state(self, rollout_id: int) -> str:
+        row = self.pg.execute("SELECT state FROM rollouts WHERE id = %s", (rollout_id,)).fetchone()
+        return str(row[0]) if row else ""
+
+    def close(self) -> None:
+        self.pg.close()

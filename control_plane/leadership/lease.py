@@ -199,7 +199,10 @@ class Leadership:
         try:
             while True:
                 try:
-                    await asyncio.wait_for(self.try_acquire(), timeout=self.renew_interval_s)
+                    # as long as the lease can still be saved: a renewal slowed by a loaded
+                    # database must not give it up (every loss restarts the leader's loops)
+                    timeout_s = self.ttl_s - self.renew_interval_s
+                    await asyncio.wait_for(self.try_acquire(), timeout=timeout_s)
                 except Exception as exc:  # the database away or slow: the lease runs out
                     log.warning("lease not renewed", extra={"error": repr(exc)})
                 if self.epoch is not None and not self.leading:
