@@ -107,7 +107,9 @@ def render(
         f"goals, method, machine and plots are on [docs/benchmarks.md]({_link(page, runs.parent)});"
         " what the figures meant, what changed for them and the notes of the runs are in the "
         f"lab notebook, [findings.md]({_link(NOTEBOOK, runs.parent)}). Written by "
-        "`benchmarks/serving/report.py` with the page: change the generator, not this file.",
+        "`benchmarks/serving/report.py` with the page: change the generator, not this file. "
+        f"Benchmarks run on their own (pipelines, gRPC, the console, model quality) keep their "
+        f"cells in [more-runs.md]({_link(runs.parent / 'more-runs.md', runs.parent)}).",
         "",
         ran,
         "",
