@@ -52,9 +52,12 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
         await trust.ensure()
         # what is alive now lives as long as the process: out of the cyclic collector's
         # full passes, which otherwise rescan it while thousands of messages a second churn
+        # (garbage first: what is frozen is never collected, its files and sockets never closed)
+        gc.collect()
         gc.freeze()
         # Ingest holds thousands of young messages between their arrival and their batch's
         # commit: the collector must not rescan them over and over (see gc_thresholds)
+        thresholds = gc.get_threshold()
         gc.set_threshold(*gc_thresholds(svc.settings))
         tasks = [
             asyncio.create_task(svc.bus.run(), name="mqtt"),
@@ -76,6 +79,11 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await svc.ingestor.drain()
+            # the pool's connections: a process that goes on (an embedding one, a test) keeps
+            # none of them open
+            await svc.sessions.kw["bind"].dispose()
+            gc.unfreeze()
+            gc.set_threshold(*thresholds)
             log.info("control plane stopped")
 
     app = FastAPI(
