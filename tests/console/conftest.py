@@ -33,7 +33,7 @@ class Fleet:
     viewer_token: str
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fleet(tmp_path_factory: pytest.TempPathFactory, example_repo: Path) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("console-fleet")
     with ExitStack() as stack:
@@ -70,7 +70,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, example_repo: Path) -> Itera
         yield Fleet(cp, agents, admin, cp.token("viewer", "console-viewer"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def playwright() -> Iterator[Playwright]:
     if not CHROMIUM.exists():
         pytest.fail("Debian's chromium is not installed: apt-get install chromium chromium-driver")
@@ -78,7 +78,7 @@ def playwright() -> Iterator[Playwright]:
         yield p
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser(playwright: Playwright) -> Iterator[Browser]:
     browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
     yield browser

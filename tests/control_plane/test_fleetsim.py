@@ -4,6 +4,7 @@ in the agent's order, and every telemetry message they send is stored. Counts, n
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -30,7 +31,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 def _events(workdir_db: Path, rollout_id: int) -> dict[str, list[str]]:
-    with sqlite3.connect(f"file:{workdir_db}?mode=ro", uri=True) as conn:
+    with contextlib.closing(sqlite3.connect(f"file:{workdir_db}?mode=ro", uri=True)) as conn:
         rows = conn.execute(
             "SELECT device_id, state FROM update_events WHERE rollout_id = ? ORDER BY id",
             (f"rollout-{rollout_id}",),

@@ -8,6 +8,7 @@ Real Mosquitto, real control plane (SQLite and PostgreSQL), three real agents.""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -66,7 +67,8 @@ def refused_acks(cp: RunningControlPlane) -> float:
 def outbox_of(state_dir: Path) -> tuple[int, int, int]:
     """(last telemetry seq, telemetry rows still held, telemetry dropped) of an agent's outbox,
     read from its file."""
-    with sqlite3.connect(f"file:{state_dir / 'outbox.sqlite3'}?mode=ro", uri=True) as db:
+    uri = f"file:{state_dir / 'outbox.sqlite3'}?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
         counters = dict(db.execute("SELECT name, value FROM counters").fetchall())
         (held,) = db.execute("SELECT COUNT(*) FROM outbox WHERE kind = 'telemetry'").fetchone()
     return counters.get("seq_telemetry", 0), held, counters.get("dropped_telemetry", 0)

@@ -4,6 +4,7 @@ from an agent's outbox file."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import subprocess
@@ -125,7 +126,9 @@ def stored_seqs(db_url: str) -> dict[str, list[int]]:
 def outbox(state_dir: Path) -> tuple[int, int | None]:
     """(last telemetry seq produced, lowest telemetry seq not yet acknowledged) of an agent,
     read from its outbox file."""
-    with sqlite3.connect(f"file:{state_dir / 'outbox.sqlite3'}?mode=ro", uri=True) as db:
+    with contextlib.closing(
+        sqlite3.connect(f"file:{state_dir / 'outbox.sqlite3'}?mode=ro", uri=True)
+    ) as db:
         row = db.execute("SELECT value FROM counters WHERE name = 'seq_telemetry'").fetchone()
         (held,) = db.execute("SELECT MIN(seq) FROM outbox WHERE kind = 'telemetry'").fetchone()
     return (row[0] if row else 0), held
