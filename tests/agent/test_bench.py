@@ -89,8 +89,8 @@ def test_ab_refuses_a_variant_it_could_not_name_a_directory_after() -> None:
 @pytest.mark.slow
 def test_call_count_counts_the_event_loops_calls_per_request() -> None:
     """The agent under the counting hook answers, and the counts are the loop's: the V2
-    decoder and the batcher's submission are there once or more per request, the instances'
-    threads (which run the batches) are not."""
+    decoder and the batcher's submission are there once or more per request. (A lone fast
+    request runs its batch on the loop too, so the batch's calls may be counted.)"""
     report = count_calls("mlp", "json", 2, 1.0, "", top=400)
     assert report["requests"] > 0
     functions = report["by_function"]
@@ -98,5 +98,4 @@ def test_call_count_counts_the_event_loops_calls_per_request() -> None:
     # names are file:line:function
     decoded = [n for name, n in functions.items() if name.split(":")[::2] == decode]
     assert decoded and decoded[0] >= 1.0
-    assert not any(name.endswith(":run_batch") for name in functions)  # an instance's thread
     assert 50 < report["calls_per_request"] < 5000
