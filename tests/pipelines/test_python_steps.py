@@ -134,7 +134,9 @@ def test_a_step_that_raises_is_a_422_with_its_message(agent: RunningAgent) -> No
 def test_a_crash_is_a_502_and_the_worker_is_replaced(agent: RunningAgent) -> None:
     status, doc = _call(agent, 13)
     assert status == 502
-    assert "killed by SIGABRT" in str(doc["error"]) and "step scale" in str(doc["error"])
+    # the worker dies by SIGABRT; under load its exit is sometimes seen as status 255 first
+    assert "step scale: the worker of scale.py failed" in str(doc["error"])
+    assert "killed by SIGABRT" in str(doc["error"]) or "exited with status" in str(doc["error"])
     _serves(agent)
 
 
