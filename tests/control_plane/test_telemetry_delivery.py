@@ -168,7 +168,10 @@ def test_a_broker_that_refuses_acknowledgements_costs_no_session(
                 assert log.read_text().count("New client connected") == connects  # no reconnect
                 assert cp.services.bus.connected.is_set()
                 assert cp.admin.get("/health").status_code == 200
+                # PUBACK still frees them: the outbox empties between two reports
+                wait_until(lambda: outbox_of(tmp_path / "state")[1] == 0, what="an empty outbox")
             last, held, dropped = outbox_of(tmp_path / "state")
-            assert held == 0 and dropped == 0 and last >= 10  # PUBACK still frees them
+            # the report sent as the agent stopped may still wait for its PUBACK
+            assert held <= 1 and dropped == 0 and last >= 10
     finally:
         broker.stop()
