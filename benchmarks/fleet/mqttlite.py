@@ -140,6 +140,7 @@ class MqttLite(asyncio.Protocol):
         keepalive_s: int = 60,
         clean_session: bool = True,
         will: tuple[str, bytes, int, bool] | None = None,
+        login: tuple[str, str] | None = None,
     ) -> None:
         flags = 0x02 if clean_session else 0
         payload = _str(client_id)
@@ -147,6 +148,9 @@ class MqttLite(asyncio.Protocol):
             topic, message, qos, retain = will
             flags |= 0x04 | (qos << 3) | (0x20 if retain else 0)
             payload += _str(topic) + _str(message)
+        if login is not None:  # (username, password): devices enrolled by claim log in
+            flags |= 0xC0
+            payload += _str(login[0]) + _str(login[1])
         body = _str("MQTT") + bytes([4, flags]) + struct.pack("!H", keepalive_s) + payload
         self._write(bytes([CONNECT]) + varint(len(body)) + body)
         await self._connack
@@ -197,13 +201,14 @@ async def connect(
     clean_session: bool = True,
     will: tuple[str, bytes, int, bool] | None = None,
     timeout_s: float = 30.0,
+    login: tuple[str, str] | None = None,
 ) -> MqttLite:
     loop = asyncio.get_running_loop()
     _, proto = await asyncio.wait_for(
         loop.create_connection(lambda: MqttLite(on_message), host, port), timeout_s
     )
     handshake = proto.handshake(
-        client_id, keepalive_s=keepalive_s, clean_session=clean_session, will=will
+        client_id, keepalive_s=keepalive_s, clean_session=clean_session, will=will, login=login
     )
     await asyncio.wait_for(handshake, timeout_s)
     return proto

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from common.protocol.topics import Topics
+from control_plane.enrolment.batching import GroupCommit
 from control_plane.enrolment.dynsec import DynsecAdmin
 from control_plane.enrolment.settings import AccountsKind
 from control_plane.provisioning.mosquitto import FleetAccess
@@ -31,14 +32,21 @@ class BrokerAccounts(Protocol):
 
 
 class PasswordFileAccounts:
-    def __init__(self, state_dir: Path, topics: Topics) -> None:
+    """Devices enrolling at once share one write of the files and one reload
+    (:class:`GroupCommit`): a reload makes Mosquitto reread every user."""
+
+    def __init__(self, state_dir: Path, topics: Topics, *, max_batch: int = 1000) -> None:
         self.state_dir = state_dir
         self.topics = topics
         self._lock = asyncio.Lock()
+        self.batches: GroupCommit[str] = GroupCommit(self._issue_batch, max_batch=max_batch)
 
     async def issue(self, device_id: str) -> str:
+        return await self.batches.submit(device_id)
+
+    async def _issue_batch(self, device_ids: list[str]) -> dict[str, str | Exception]:
         async with self._lock:  # one writer of the files at a time
-            return await asyncio.to_thread(self._issue, device_id)
+            return await asyncio.to_thread(self._issue, device_ids)
 
     async def remove(self, device_id: str) -> None:
         async with self._lock:
@@ -51,13 +59,19 @@ class PasswordFileAccounts:
         if out is not None:
             reload_broker(out / "data" / "mosquitto.pid")
 
-    def _issue(self, device_id: str) -> str:
+    def _issue(self, device_ids: list[str]) -> dict[str, str | Exception]:
         access = FleetAccess(self.state_dir, self.topics)
-        password = access.add_device(device_id)
+        results: dict[str, str | Exception] = {}
+        for device_id in device_ids:
+            try:
+                results[device_id] = access.issue_device(device_id)
+            except ValueError as exc:  # a bad id fails alone, not its batch
+                results[device_id] = exc
+        access.passwords.save()
         out = access.refresh_broker()
         if out is not None:
             reload_broker(out / "data" / "mosquitto.pid")
-        return password
+        return results
 
 
 def reload_broker(pid_file: Path) -> bool:

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import aiomqtt
 
 from common.protocol.topics import Topics
+from control_plane.enrolment.batching import GroupCommit
 from control_plane.provisioning.acl import CONTROL_PLANE_USER, DEVICE_READS, DEVICE_WRITES
 from control_plane.provisioning.passwords import ITERATIONS, SALT_BYTES, new_password
 from control_plane.settings import ControlPlaneSettings
@@ -34,6 +35,7 @@ from control_plane.settings import ControlPlaneSettings
 CONTROL_TOPIC = "$CONTROL/dynamic-security/v1"
 RESPONSE_TOPIC = f"{CONTROL_TOPIC}/response"
 COMMAND_TIMEOUT_S = 10.0
+COMMAND_TIMEOUT_PER_COMMAND_S = 0.1
 CONTROL_PLANE_ROLE = "edgefleet-control-plane"
 AGENT_CLIENT_ID = "edgefleet-agent-{}"
 """The client id the agent connects with (agent/fleet/client.py)."""
@@ -112,11 +114,12 @@ def initial_config(topics: Topics, control_plane_password: str) -> dict[str, Any
 
 class DynsecAdmin:
     """Sends admin commands over a connection of its own (with the control plane's broker
-    credentials), opened per batch: enrolments are rare next to device traffic."""
+    credentials), opened per message: devices enrolling at once share one."""
 
-    def __init__(self, settings: ControlPlaneSettings) -> None:
+    def __init__(self, settings: ControlPlaneSettings, *, max_batch: int = 100) -> None:
         self.settings = settings
         self.topics = Topics(settings.topic_prefix)
+        self.batches: GroupCommit[str] = GroupCommit(self._issue_batch, max_batch=max_batch)
 
     def _client(self) -> aiomqtt.Client:
         s = self.settings
@@ -151,8 +154,10 @@ class DynsecAdmin:
         tagged = [{**c, "correlationData": i} for c, i in zip(commands, ids, strict=True)]
         body = {"commands": tagged}
         errors: dict[str, str | None] = {}
+        # each command may rewrite the plugin's whole file: a long batch takes longer
+        timeout_s = COMMAND_TIMEOUT_S + COMMAND_TIMEOUT_PER_COMMAND_S * len(commands)
         try:
-            async with asyncio.timeout(COMMAND_TIMEOUT_S), self._client() as client:
+            async with asyncio.timeout(timeout_s), self._client() as client:
                 await client.subscribe(RESPONSE_TOPIC, qos=1)
                 await client.publish(CONTROL_TOPIC, json.dumps(body).encode(), qos=1)
                 async for message in client.messages:
@@ -163,7 +168,7 @@ class DynsecAdmin:
                         break
         except TimeoutError:
             raise DynsecError(
-                f"the broker's dynamic security plugin did not answer within {COMMAND_TIMEOUT_S} s"
+                f"the broker's dynamic security plugin did not answer within {timeout_s:.0f} s"
                 " (is it loaded, and may the control plane's user use $CONTROL?)"
             ) from None
         except aiomqtt.MqttError as exc:
@@ -172,28 +177,41 @@ class DynsecAdmin:
 
     async def issue(self, device_id: str) -> str:
         """Give ``device_id`` a user with a new password (replacing any it had, which ends its
-        sessions) and its own ACL; return the password."""
-        password = new_password()
-        role = device_role(device_id)
-        commands: list[dict[str, Any]] = [
-            {"command": "deleteClient", "username": device_id},
-            {"command": "createRole", "rolename": role},
-            *(
-                {"command": "addRoleACL", "rolename": role, **acl}
-                for acl in device_acls(self.topics, device_id)
-            ),
-            {
-                "command": "createClient",
-                "username": device_id,
-                "password": password,
-                "clientid": AGENT_CLIENT_ID.format(device_id),
-                "roles": [{"rolename": role}],
-            },
-        ]
+        sessions) and its own ACL; return the password. Devices asking at once share one
+        message (:class:`GroupCommit`)."""
+        return await self.batches.submit(device_id)
+
+    async def _issue_batch(self, device_ids: list[str]) -> dict[str, str | Exception]:
+        # NOTE: the plugin (2.0.x) rewrites its whole file after every command that changes
+        # it, so a device costs the broker two rewrites (its role with its ACLs inline, and
+        # its client), not one per ACL as createRole + addRoleACL did
+        passwords = {d: new_password() for d in device_ids}
+        commands: list[dict[str, Any]] = []
+        for device_id, password in passwords.items():
+            role = device_role(device_id)
+            commands += [
+                {"command": "deleteClient", "username": device_id},
+                {
+                    "command": "createRole",
+                    "rolename": role,
+                    "acls": device_acls(self.topics, device_id),
+                },
+                {
+                    "command": "createClient",
+                    "username": device_id,
+                    "password": password,
+                    "clientid": AGENT_CLIENT_ID.format(device_id),
+                    "roles": [{"rolename": role}],
+                },
+            ]
         errors = await self.run(commands)
-        if errors[-1] is not None:
-            raise DynsecError(f"createClient {device_id}: {errors[-1]}")
-        return password
+        results: dict[str, str | Exception] = {}
+        for k, (device_id, password) in enumerate(passwords.items()):
+            error = errors[3 * k + 2]  # its createClient's
+            results[device_id] = (
+                password if error is None else DynsecError(f"createClient {device_id}: {error}")
+            )
+        return results
 
     async def remove(self, device_id: str) -> None:
         """Delete the device's user (its sessions end) and its role."""

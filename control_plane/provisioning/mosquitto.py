@@ -133,10 +133,14 @@ class FleetAccess:
 
     def add_device(self, device_id: str) -> str:
         """Issue (or replace) a device's broker password; return it. Only its hash is kept."""
-        _check_device_id(device_id)
-        password = self.passwords.issue(device_id)
+        password = self.issue_device(device_id)
         self.passwords.save()
         return password
+
+    def issue_device(self, device_id: str) -> str:
+        """As :meth:`add_device`, not saved yet: many devices, then one ``passwords.save()``."""
+        _check_device_id(device_id)
+        return self.passwords.issue(device_id)
 
     def device_certificate(self, device_id: str, *, days: int = 365) -> IssuedCert:
         """Issue a client certificate whose common name is the device id."""

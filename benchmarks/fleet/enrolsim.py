@@ -1,0 +1,170 @@
+"""Simulated devices joining by zero-touch provisioning, all at once, on one event loop.
+
+Each does what the agent does at its first start (:mod:`agent.fleet.enrol`, then
+:mod:`agent.fleet.client`): post its claim to ``POST /api/v1/enrol``, honour a 429 or 503's
+``Retry-After`` with the agent's jitter (and a 202's), read its broker login and the trust root
+from the answer (the trust root parsed as the agent parses it), then connect to the broker with
+that login under the agent's client id, subscribe to the trust root and its own topics and publish
+its retained birth status (QoS 1), which counts once its PUBACK is back.
+
+    python -m benchmarks.fleet.enrolsim --url http://127.0.0.1:8080 --token-file claim \\
+        --port 1883 --count 5000
+
+Prints one JSON line: per device the seconds from the start to its answer (``enrolled_s``) and to
+its status acknowledged (``provisioned_s``), and the refusals it was asked to wait after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvloop
+
+from agent.fleet.enrol import jittered_retry_after, retry_after_s
+from benchmarks.fleet import mqttlite
+from benchmarks.fleet.simdevice import PROFILE, Shared, SimDevice
+from common.protocol.enrolment import ENROL_PATH, EnrolmentAnswer, EnrolmentRequest
+from common.protocol.enrolment import EnrolmentStatus as Status
+from common.protocol.signing import TrustRoot
+from common.protocol.topics import Topics
+
+REQUEST_TIMEOUT_S = 120.0
+
+
+class EnrolSim:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.token = Path(args.token_file).read_text().strip()
+        self.shared = Shared(Topics(args.prefix), "mlp", {"fleet": "enrolsim"})
+        self.ids = [f"{args.id_prefix}{i:05d}" for i in range(args.first, args.first + args.count)]
+        self.enrolled_s: dict[str, float] = {}
+        self.provisioned_s: dict[str, float] = {}
+        self.waits: dict[str, int] = {}
+        self.failed: dict[str, str] = {}
+        self.devices: list[SimDevice] = []
+        self.started = 0.0
+
+    async def run(self) -> None:
+        limits = httpx.Limits(max_connections=self.args.http_connections)
+        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as http:
+            self.started = time.monotonic()
+            await asyncio.gather(*(self.one(http, d) for d in self.ids))
+
+    async def one(self, http: httpx.AsyncClient, device_id: str) -> None:
+        try:
+            answer = await self.enrol(http, device_id)
+            self.enrolled_s[device_id] = time.monotonic() - self.started
+            await self.join(device_id, answer)
+            self.provisioned_s[device_id] = time.monotonic() - self.started
+        except Exception as exc:  # counted and reported, as a device that did not join
+            self.failed[device_id] = f"{type(exc).__name__}: {exc}"
+
+    async def enrol(self, http: httpx.AsyncClient, device_id: str) -> EnrolmentAnswer:
+        body = EnrolmentRequest(
+            device_id=device_id,
+            device_key=f"key-of-{device_id}-" + "k" * 32,
+            hardware_profile=PROFILE,
+            labels={"fleet": "enrolsim"},
+            agent_version="enrolsim",
+        ).model_dump_json()
+        headers = {"content-type": "application/json", "authorization": f"Bearer {self.token}"}
+        url = self.args.url.rstrip("/") + ENROL_PATH
+        while True:
+            resp = await http.post(url, content=body, headers=headers)
+            if resp.status_code in (200, 201, 202):
+                answer = EnrolmentAnswer.model_validate_json(resp.content)
+                if answer.status is Status.ENROLLED:
+                    return answer
+                wait = answer.retry_after_s or 1.0
+            elif resp.status_code in (429, 503) and (after := retry_after_s(resp)) is not None:
+                wait = jittered_retry_after(after)
+            else:
+                raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+            key = str(resp.status_code)
+            self.waits[key] = self.waits.get(key, 0) + 1
+            await asyncio.sleep(wait)
+
+    async def join(self, device_id: str, answer: EnrolmentAnswer) -> None:
+        assert answer.username and answer.password and answer.trust_root is not None
+        trust = TrustRoot.model_validate(answer.trust_root.get("signed", answer.trust_root))
+        dev = SimDevice(device_id, self.shared, trust, 1)
+        conn = await mqttlite.connect(
+            self.args.host,
+            self.args.port,
+            f"edgefleet-agent-{device_id}",
+            dev.on_message,
+            clean_session=False,
+            will=(dev.status_topic, dev.status(online=False), 1, True),
+            login=(answer.username, answer.password),
+        )
+        dev.conn = conn
+        self.devices.append(dev)
+        # as the agent: the trust root first, then its own topics, then the birth
+        await conn.subscribe([(self.shared.topics.trust, 1)])
+        await conn.subscribe([(dev.desired_topic, 1), (dev.commands_topic, 1)])
+        birth = conn.publish(
+            dev.status_topic, dev.status(online=True), qos=1, retain=True, wait=True
+        )
+        assert birth is not None
+        await asyncio.wait_for(birth, REQUEST_TIMEOUT_S)
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "devices": len(self.ids),
+            "enrolled_s": sorted(self.enrolled_s.values()),
+            "provisioned_s": sorted(self.provisioned_s.values()),
+            "waits": self.waits,
+            "failed": len(self.failed),
+            "failures": dict(list(self.failed.items())[:5]),
+            "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
+        }
+
+    def close(self) -> None:
+        for dev in self.devices:
+            if dev.conn is not None:
+                dev.conn.disconnect()
+
+
+async def serve(args: argparse.Namespace) -> None:
+    sim = EnrolSim(args)
+    try:
+        await sim.run()
+        sys.stdout.write(json.dumps(sim.report()) + "\n")
+        sys.stdout.flush()
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # held
+    finally:
+        sim.close()
+        await asyncio.sleep(0.2)  # let the DISCONNECTs leave
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", required=True, help="the control plane")
+    p.add_argument("--token-file", required=True, help="a file holding the claim token")
+    p.add_argument("--host", default="127.0.0.1", help="the broker")
+    p.add_argument("--port", type=int, required=True, help="the broker's port")
+    p.add_argument("--prefix", default="edgefleet", help="topic prefix")
+    p.add_argument("--first", type=int, default=0)
+    p.add_argument("--count", type=int, default=100)
+    p.add_argument("--id-prefix", default="zt-")
+    p.add_argument("--http-connections", type=int, default=500)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    uvloop.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()
