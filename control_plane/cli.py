@@ -305,7 +305,7 @@ def register_operator_commands(root: click.Group) -> None:
             click.echo(f"{m['name']}: {versions}")
             for v in m["versions"]:
                 for i, variant in enumerate(v["variants"]):
-                    if variant["kind"] != "fp32":
+                    if variant["kind"] != "fp32" or variant.get("measured"):
                         click.echo(f"  v{v['version']} variant {i}: {variant_line(variant)}")
 
     @models.command("validate")

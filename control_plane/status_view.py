@@ -56,6 +56,24 @@ def gate_words(doc: dict[str, Any]) -> str | None:
     return "gates: " + ", ".join(parts)
 
 
+def shadow_words(state: dict[str, Any], spec: dict[str, Any]) -> str:
+    """A wave's shadow phase (:mod:`control_plane.rollouts.shadow`) in words."""
+    words = f"shadow {state['state']}" + (", withdrawn" if state.get("withdrawn") else "")
+    if state.get("agreement") is not None:
+        words += (
+            f": agreement {state['agreement']:.1%} (min {spec['min_agreement']:.1%}) over "
+            f"{state['rows']} rows, {state['requests']} requests"
+            f" (min {spec['min_requests']}), {state['dropped']} dropped"
+        )
+        if state.get("max_abs_diff") is not None:
+            words += f", max abs diff {state['max_abs_diff']:.3g}"
+        if state.get("latency_ratio") is not None:
+            words += f", candidate latency {state['latency_ratio']:.2f}x"
+    else:
+        words += f": {state.get('requests', 0)} shadowed requests (min {spec['min_requests']})"
+    return words
+
+
 def status_lines(doc: dict[str, Any], now: datetime | None = None) -> list[str]:
     now = now or datetime.now(UTC)
     head = f"rollout {doc['id']}: {doc['model']} v{doc['version']} {doc['state']}"
@@ -68,6 +86,9 @@ def status_lines(doc: dict[str, Any], now: datetime | None = None) -> list[str]:
             f" {'>' if current else ' '} wave {w['wave']} ({w['size']}): "
             f"{w['devices']} devices  {states}"
         )
+        shadow = (doc.get("shadow") or {}).get("waves", {}).get(str(w["wave"]))
+        if shadow:
+            lines.append(f"     {shadow_words(shadow, doc['shadow']['spec'])}")
         if current and doc.get("bake_started_at"):
             started = datetime.fromisoformat(doc["bake_started_at"])
             left = doc["bake_time_s"] - (now - started).total_seconds()

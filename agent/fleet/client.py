@@ -28,6 +28,7 @@ from agent.accelerators import AcceleratorProbe
 from agent.fleet.enrol import Enrolment, load_identity
 from agent.fleet.outbox import Outbox
 from agent.fleet.settings import FleetSettings
+from agent.fleet.shadow import ShadowStages, listed_shadows
 from agent.fleet.state import StateFiles
 from agent.fleet.store import ModelStore
 from agent.fleet.telemetry import TelemetryCollector
@@ -130,6 +131,7 @@ class FleetClient:
             resend_max_s=settings.telemetry_resend_max_s,
         )
         self.identity = device_identity(settings, hardware)
+        self.shadows = ShadowStages(manager, self.store, hardware.profile.name)
         self.updater = Updater(
             manager,
             self.store,
@@ -139,6 +141,7 @@ class FleetClient:
             self._report,
             self._status_changed,
             on_done=self._done,
+            shadows=self.shadows,
         )
         self.telemetry = TelemetryCollector(manager, accelerators)
         self.connected = asyncio.Event()
@@ -164,6 +167,7 @@ class FleetClient:
                 tg.create_task(self._session_loop(), name="fleet:session")
         finally:
             self.outbox.close()
+            await self.shadows.close()
 
     async def _session_loop(self) -> None:
         delay = self.settings.reconnect_min_s
@@ -339,6 +343,7 @@ class FleetClient:
 
     def _telemetry_round(self) -> None:
         window, models, device = self.telemetry.collect()
+        models = self.shadows.annotate(models)
         body = Telemetry(
             device_id=self.device_id,
             seq=1,
@@ -458,6 +463,7 @@ class FleetClient:
         # What it no longer lists was withdrawn (a rollout aborted or rolled back): dropped
         # unless already switched to, before anything it does list is queued.
         self.updater.withdraw({claimed(raw.get("signed")) for raw in desired.manifests})
+        self.shadows.withdraw(*listed_shadows(desired.manifests))
         for raw in desired.manifests:
             try:
                 vm = verify_manifest(raw, self.trust, self.identity, self._floor, now)

@@ -36,6 +36,7 @@ from pydantic import ValidationError
 from agent.errors import AgentError, LoadError
 from agent.fleet.download import stage_update
 from agent.fleet.settings import FleetSettings
+from agent.fleet.shadow import ShadowStages
 from agent.fleet.state import FleetState, StateFiles
 from agent.fleet.store import ModelStore, is_disk_full
 from agent.inference.manager import ModelManager
@@ -87,6 +88,7 @@ class Updater:
         report: Reporter,
         on_change: Callable[[], None],
         on_done: Callable[[Item], None] = lambda item: None,
+        shadows: ShadowStages | None = None,
     ) -> None:
         """``on_done`` is called once an item is finished: a command has run, a manifest was
         applied or refused for good (not while a retry of it is scheduled)."""
@@ -98,6 +100,8 @@ class Updater:
         self.report = report
         self.on_change = on_change
         self.on_done = on_done
+        self.shadows = shadows
+        """Where a manifest marked as a shadow stage goes once staged, instead of the switch."""
         self._queue: asyncio.Queue[Item] = asyncio.Queue()
         self._retries: dict[tuple[str, int], int] = {}
         """Attempts so far of the manifests deferred by a transient fault, by (model, sequence)."""
@@ -307,6 +311,11 @@ class Updater:
                 self.manager.discard(m.model, staged, "withdrawn")
                 self._remove_unless_kept(m)
                 return  # reported when withdrawn
+            if m.shadow is not None and self.shadows is not None:
+                self.shadows.start(m, staged)  # loaded and warm next to what serves: no switch
+                share = m.shadow.sample_share
+                say(UpdateState.STAGED, reason=f"shadow: {share:.0%} of requests copied to it")
+                return
             say(UpdateState.STAGED)
             self._switched.add(_key(vm))
             previous = self.manager.activate(m.model, staged)

@@ -31,6 +31,7 @@ from agent.errors import (
 )
 from agent.inference.batcher import INLINE_MAX_S, Batcher, BatchObserver
 from agent.inference.priority import lower_this_thread, run_lowered
+from agent.inference.shadow import ShadowTaps
 from agent.inference.stats import VersionStats
 from agent.inference.tuning import (
     BatchTuning,
@@ -130,6 +131,8 @@ class ModelManager:
         self.metrics = metrics
         self.runtime_factory = runtime_factory
         self._departure_watchers: list[Callable[[LoadedVersion], None]] = []
+        self.shadows = ShadowTaps()
+        """Candidates staged as shadows of a serving version (the fleet client adds them)."""
 
     # -- queries --------------------------------------------------------------------------
 

@@ -120,6 +120,10 @@ class InferenceService:
             total = time.monotonic() - started
             lv.stats.record_success(total, result.queue_s, result.compute_s)
             self.metrics.observe_success(lv.model, version, total, result.queue_s, result.compute_s)
+            if self.manager.shadows.by_model:  # a copy for a staged candidate, never awaited
+                self.manager.shadows.offer(
+                    lv, request.inputs, rows or 1, result.outputs, result.compute_s
+                )
             if answer.done():  # given up on while it ran
                 return
             outputs = result.outputs if wanted is None else {k: result.outputs[k] for k in wanted}

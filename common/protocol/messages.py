@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from common.protocol.shadow import ShadowReport, ShadowStage, VariantSpeed
+
 Sha256 = str
 
 
@@ -115,6 +117,9 @@ class ModelManifest(BaseModel):
     activate_after: datetime | None = None
     """A maintenance window: download and verify now, switch to it no earlier than this (the
     device's clock). Agents before this field switch at once."""
+    shadow: ShadowStage | None = None
+    """Stage this version next to the serving one and copy it a share of the live requests,
+    without switching (a rollout's shadow phase, :mod:`common.protocol.shadow`)."""
 
     @model_validator(mode="after")
     def _expiry_after_issue(self) -> ModelManifest:
@@ -249,6 +254,10 @@ class ModelTelemetry(BaseModel):
     p99_ms: float | None = None
     mean_batch_size: float | None = None
     queue_depth: int = 0
+    shadow: ShadowReport | None = None
+    """The window of a candidate staged as this version's shadow, if one is."""
+    speed: VariantSpeed | None = None
+    """What batch tuning measured for this version, in the first window after its load."""
 
 
 class DeviceTelemetry(BaseModel):

@@ -244,6 +244,7 @@ def rollout_doc(r: Rollout) -> dict[str, Any]:
         "device_timeout_s": r.device_timeout_s,
         "gates": r.gates,
         "gate_report": r.gate_report,
+        "shadow": r.shadow,
         "created_by": r.created_by,
         "deployment_id": r.deployment_id,
         "created_at": stored_utc(r.created_at).isoformat(),

@@ -31,6 +31,7 @@ from control_plane.db.session import stored_utc
 from control_plane.errors import Conflict, Invalid, NotFound
 from control_plane.quality.optimise import VariantKind
 from control_plane.quality.reference import REFERENCE_FILE, load_reference
+from control_plane.quality.speeds import load_speeds, measured_on
 from control_plane.quality.variants import optimise
 from control_plane.registry.store import (
     add_file,
@@ -118,6 +119,7 @@ async def list_models(
     models = (
         await s.execute(select(Model).options(selectinload(Model.versions)).order_by(Model.name))
     ).scalars()
+    speeds = await load_speeds(s)  # what devices measured for the variant they serve
     return json_response(
         [
             {
@@ -128,7 +130,15 @@ async def list_models(
                         "version": v.version,
                         "stage": v.stage,
                         "validated": None if v.validation is None else v.validation["passed"],
-                        "variants": [variant_summary(variant) for variant in v.variants],
+                        "variants": [
+                            variant_summary(variant)
+                            | {
+                                "measured": measured_on(
+                                    v.variants, i, speeds.get((m.name, v.version), [])
+                                )
+                            }
+                            for i, variant in enumerate(v.variants)
+                        ],
                     }
                     for v in m.versions
                     if archived or v.stage != "archived"

@@ -162,6 +162,9 @@ class Rollout(Base):
     updated_at: Mapped[datetime]
     deployment_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     """The continuous deployment that started it (none: an operator's own rollout)."""
+    shadow: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """Its shadow phase: ``{"spec": ShadowSpec, "waves": {wave: state and report}}``
+    (:mod:`control_plane.rollouts.shadow`); none without one."""
     devices: Mapped[list[RolloutDevice]] = relationship(
         back_populates="rollout", order_by="RolloutDevice.position"
     )
@@ -417,3 +420,55 @@ class LeaderLease(Base):
     """The fencing token: one more at every grant to a new holder, never reused."""
     expires_at: Mapped[datetime]
     """The database's clock: a holder renews before then, or another may take it."""
+
+
+class ShadowReportRecord(Base):
+    """One telemetry window of a candidate staged as a shadow on one device: the sums of
+    :class:`~common.protocol.shadow.ShadowReport`, summed again over a wave by its gate."""
+
+    __tablename__ = "shadow_reports"
+    __table_args__ = (
+        UniqueConstraint("time", "device_id", "seq", "model", name="uq_shadow_report_message"),
+        Index("ix_shadow_reports_candidate", "model", "version", "sequence", "received_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    device_id: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    time: Mapped[datetime]
+    received_at: Mapped[datetime]
+    model: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    version: Mapped[int] = mapped_column(Integer)
+    """The candidate's version."""
+    sequence: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    serving_version: Mapped[int] = mapped_column(Integer)
+    requests: Mapped[int] = mapped_column(Integer)
+    rows: Mapped[int] = mapped_column(Integer)
+    matched: Mapped[int] = mapped_column(Integer)
+    dropped: Mapped[int] = mapped_column(Integer)
+    errors: Mapped[int] = mapped_column(Integer)
+    max_abs_diff: Mapped[float | None] = mapped_column(Float, nullable=True)
+    rel_error_sum: Mapped[float] = mapped_column(Float)
+    candidate_ms_sum: Mapped[float] = mapped_column(Float)
+    serving_ms_sum: Mapped[float] = mapped_column(Float)
+
+
+class VariantSpeedRecord(Base):
+    """The latest rows per second a device's batch tuning measured for a model version on a
+    hardware profile (which variant a profile gets is the manifest's rule)."""
+
+    __tablename__ = "variant_speeds"
+    __table_args__ = (UniqueConstraint("model", "version", "profile", name="uq_variant_speed"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    version: Mapped[int] = mapped_column(Integer)
+    profile: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    format: Mapped[str] = mapped_column(String(32))
+    rows_per_s: Mapped[float] = mapped_column(Float)
+    batch_size: Mapped[int] = mapped_column(Integer)
+    placement: Mapped[str] = mapped_column(String(NAME_LENGTH), default="")
+    device_id: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    """The device that measured it last."""
+    measured_at: Mapped[datetime]
+    """When the control plane received it (its clock)."""

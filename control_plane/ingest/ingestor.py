@@ -27,6 +27,7 @@ from control_plane.db.bulk import execute_many, insert_ignore, insert_rows, raw_
 from control_plane.db.models import Device, DeviceSample, TelemetrySample, UpdateEventRecord
 from control_plane.db.session import database_unavailable
 from control_plane.ingest.decode import FastDecoder
+from control_plane.ingest.quality import Extras, carries_quality, quality_rows, store_quality
 from control_plane.ingest.rows import (
     DEVICE_ID,
     DEVICE_SAMPLE_COLUMNS,
@@ -234,6 +235,8 @@ class Ingestor:
             self._settled([(device_id, message.seq)])  # never storable: not sent again
         else:
             self._enqueue("telemetry", device_id, ("telemetry", rows, ack))
+            if carries_quality(message):  # a shadow's window, a measured speed: rare
+                self._enqueue("quality", device_id, ("quality", quality_rows(message, at), None))
 
     def event(self, device_id: str, payload: bytes, ack: Ack | None = None) -> None:
         event = self._parse("events", UpdateEvent, device_id, payload)
@@ -378,6 +381,7 @@ class Ingestor:
         devices: list[Row] = []
         events: list[UpdateEvent] = []
         statuses: list[DeviceStatus] = []
+        quality: list[Extras] = []
         # last_seen and the windows' received_at are the control plane's time, not the
         # message's: presence and the health gates must not depend on the device's clock, and
         # a backlog a device drains was heard now
@@ -390,6 +394,9 @@ class Ingestor:
                 continue
             if kind == "status":
                 statuses.append(message)
+                continue
+            if kind == "quality":
+                quality.append(message)
                 continue
             device_row = message[0]  # then its telemetry rows (telemetry_rows)
             seen[device_row[DEVICE_ID]] = now
@@ -413,6 +420,8 @@ class Ingestor:
             await insert_ignore(
                 session, UpdateEventRecord.__table__, [event_row(e) for e in events]
             )
+            if quality:
+                await store_quality(session, quality, now)
             seen = {
                 d: w
                 for d, w in seen.items()

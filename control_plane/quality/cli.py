@@ -43,17 +43,22 @@ def register_quality_commands(models: click.Group) -> None:
 
 
 def variant_line(variant: dict[str, Any]) -> str:
-    """One optimised variant as `models list` prints it."""
+    """One variant as `models list` prints it: for an optimised one its accuracy against FP32,
+    and the rows per second devices measured serving it (their batch tuning)."""
     delta = variant["accuracy_delta"]
-    quality = (
-        f"accuracy {delta * 100:+.2f} points"
-        if delta is not None
-        else f"agreement {variant['agreement']:.2%}"
-    )
-    return (
-        f"{variant['kind']} for {','.join(variant['profiles'])}: {quality}, "
-        f"max abs diff {variant['max_abs_diff']:.3g}"
-    )
+    profiles = ",".join(variant["profiles"]) or "any profile"
+    parts = []
+    if delta is not None:
+        parts.append(f"accuracy {delta * 100:+.2f} points")
+    elif variant.get("agreement") is not None:
+        parts.append(f"agreement {variant['agreement']:.2%}")
+    if variant.get("max_abs_diff") is not None:
+        parts.append(f"max abs diff {variant['max_abs_diff']:.3g}")
+    parts += [
+        f"measured {m['rows_per_s']:,.0f} rows/s on {m['profile']} (batch {m['batch_size']})"
+        for m in variant.get("measured", [])
+    ]
+    return f"{variant['kind']} for {profiles}: {', '.join(parts) or 'not measured'}"
 
 
 def echo_optimisation(report: dict[str, Any], *, err: bool) -> None:

@@ -46,6 +46,7 @@ from control_plane.rollouts.events import CHUNK, NEVER_REPORTED, apply_events, m
 from control_plane.rollouts.gates import telemetry_gates
 from control_plane.rollouts.manifests import for_device, rollback_command
 from control_plane.rollouts.plan import plan_rollout
+from control_plane.rollouts.shadow import shadow_wave, withdraw_shadows
 from control_plane.rollouts.spec import Gates, RolloutSpec
 from control_plane.rollouts.states import (
     ACTIVE,
@@ -381,6 +382,20 @@ class RolloutEngine:
         gates = Gates.model_validate(rollout.gates)
         wave_devices = [d for d in rollout.devices if d.wave == rollout.current_wave]
         unsent = [rd for rd in wave_devices if rd.state is DeviceRolloutState.PENDING]
+        if unsent and rollout.shadow is not None:  # the wave meets live inputs unswitched first
+            hold, verdict = await shadow_wave(
+                session,
+                rollout,
+                wave_devices,
+                now,
+                sign=self.keys.sign_message,
+                publish=self._publish_desired,
+                ttl_s=self.manifest_ttl_s,
+            )
+            if verdict is not None:
+                return self._fail(rollout, verdict)
+            if hold:
+                return None
         if unsent:  # the wave's devices, as their maintenance windows let them start
             held = await held_devices(session, [rd.device_id for rd in unsent], now)
             loaded = await _load_devices(session, [rd.device_id for rd in unsent])
@@ -519,6 +534,7 @@ class RolloutEngine:
             DeviceRolloutState.COMMITTED,
             DeviceRolloutState.TIMED_OUT,
         )
+        await withdraw_shadows(session, rollout, now, self._publish_desired)
         restore = [rd.device_id for rd in rollout.devices if rd.state in touched]
         resend = self._resend.pop(rollout.id, set())
         self._rolling_back.add(rollout.id)

@@ -83,6 +83,7 @@ async def plan_rollout(
         created_at=now,
         updated_at=now,
         deployment_id=deployment_id,
+        shadow=None if spec.shadow is None else {"spec": spec.shadow.model_dump(), "waves": {}},
     )
     session.add(rollout)
     await session.flush()

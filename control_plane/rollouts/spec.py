@@ -30,6 +30,23 @@ class Gates(BaseModel):
     its status says so: a rollout with no traffic proves nothing about the version."""
 
 
+class ShadowSpec(BaseModel):
+    """A shadow phase before each wave switches: the wave's devices stage the candidate next
+    to the serving version and answer copies of a share of live requests with it; the wave
+    switches once the two agree often enough (:mod:`control_plane.rollouts.shadow`)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    sample_share: float = Field(default=0.1, gt=0, le=1)
+    """Share of each device's live requests copied to the candidate."""
+    min_agreement: float = Field(default=0.99, ge=0, le=1)
+    """Top-1 match rate over the wave's shadowed rows the wave needs to switch."""
+    min_requests: int = Field(default=100, ge=1, le=2**31 - 1)
+    """Shadowed requests, over the wave's devices, before the agreement is judged."""
+    timeout_s: float = Field(default=3600.0, gt=0, le=MAX_DURATION_S)
+    """Without ``min_requests`` shadowed requests by then, the rollout fails unswitched."""
+
+
 class RolloutSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -42,6 +59,8 @@ class RolloutSpec(BaseModel):
     bake_time_s: float = Field(default=60.0, ge=0, le=MAX_DURATION_S)
     device_timeout_s: float = Field(default=600.0, gt=0, le=MAX_DURATION_S)
     gates: Gates = Field(default_factory=Gates)
+    shadow: ShadowSpec | None = None
+    """A shadow phase before each wave switches; none by default."""
 
     @field_validator("waves", mode="before")
     @classmethod
