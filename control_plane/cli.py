@@ -375,6 +375,23 @@ def register_operator_commands(root: click.Group) -> None:
         "it waits for traffic).",
     )
     @click.option(
+        "--shadow",
+        "shadow_share",
+        type=float,
+        default=None,
+        help="Begin each wave with a shadow phase: its devices stage the candidate unswitched "
+        "and copy it this share (0-1) of their live requests.",
+    )
+    @click.option(
+        "--min-agreement",
+        type=float,
+        default=0.99,
+        show_default=True,
+        help="Shadow: top-1 agreement with the serving version a wave needs to switch.",
+    )
+    @click.option("--shadow-min-requests", type=int, default=100, show_default=True)
+    @click.option("--shadow-timeout", type=float, default=3600.0, show_default=True, help="seconds")
+    @click.option(
         "--json", "as_json", is_flag=True, help="Print the created rollout's document (its id)."
     )
     @connected
@@ -391,10 +408,14 @@ def register_operator_commands(root: click.Group) -> None:
         min_requests: int,
         max_rejections: int,
         allow_unjudged: bool,
+        shadow_share: float | None,
+        min_agreement: float,
+        shadow_min_requests: int,
+        shadow_timeout: float,
         as_json: bool,
     ) -> None:
         """Start a staged rollout."""
-        spec = {
+        spec: dict[str, Any] = {
             "model": model,
             "version": version,
             "selector": _pairs(selector, "--selector", "label=value"),
@@ -410,6 +431,13 @@ def register_operator_commands(root: click.Group) -> None:
                 "allow_unjudged": allow_unjudged,
             },
         }
+        if shadow_share is not None:
+            spec["shadow"] = {
+                "sample_share": shadow_share,
+                "min_agreement": min_agreement,
+                "min_requests": shadow_min_requests,
+                "timeout_s": shadow_timeout,
+            }
         doc = Api.connect().call("POST", "/api/v1/rollouts", json=spec)
         if as_json:
             _print(doc, True)

@@ -5,6 +5,7 @@ the rows per second the agent's batch tuning measured for what it serves reach `
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from collections.abc import Iterator
@@ -122,6 +123,11 @@ def _rollout(cp: RunningControlPlane, version: int, min_agreement: float) -> dic
     return doc
 
 
+def _state(cp: RunningControlPlane, rollout_id: int) -> str:
+    state: str = cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()["state"]
+    return state
+
+
 @pytest.mark.slow
 def test_a_disagreeing_candidate_is_not_switched_and_an_agreeing_one_is(
     cp: RunningControlPlane, broker: Mosquitto, examples: Path, tmp_path: Path
@@ -180,8 +186,24 @@ def test_a_disagreeing_candidate_is_not_switched_and_an_agreeing_one_is(
             assert not [r for r in index if r.get("version") == "2" and r["state"] == "READY"]
             seen = len(answered)
 
-            switched = _rollout(cp, 3, min_agreement=0.99)
+            # the identical candidate, as an operator starts it: it agrees, the wave switches
+            created = edgefleet(
+                cp, "rollouts", "create", "--model", "digits", "--version", "3",
+                "--selector", "site=shadow-lab", "--waves", "100%", "--bake-time", "0.2",
+                "--allow-unjudged", "--shadow", "1.0", "--min-agreement", "0.99",
+                "--shadow-min-requests", "40", "--shadow-timeout", "90", "--json",
+            )  # fmt: off
+            assert created.returncode == 0, created.stdout + created.stderr
+            rollout_id = json.loads(created.stdout)["id"]
+            wait_until(
+                lambda: _state(cp, rollout_id) in ("succeeded", "rolled_back"),
+                timeout_s=120,
+                what="the rollout of v3 to finish",
+            )
+            switched = cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()
             assert switched["state"] == "succeeded", switched
+            status = edgefleet(cp, "rollouts", "status", str(rollout_id)).stdout
+            assert "shadow passed: agreement 100.0% (min 99.0%)" in status, status
             wave = switched["shadow"]["waves"]["0"]
             assert wave["state"] == "passed" and wave["agreement"] == 1.0, wave
             wait_until(lambda: "3" in answered[seen:], timeout_s=30, what="v3 answering")
