@@ -17,6 +17,7 @@ from agent.api.http_protocol import protocol_class
 from agent.api.state import ApiState
 from agent.inference.manager import ModelManager
 from agent.inference.service import InferenceService
+from agent.inference.sketches import InputSketchBook
 from agent.inference.versions import RuntimeFactory
 from agent.metrics import AgentMetrics
 from agent.settings import AgentSettings, SettingsError
@@ -52,7 +53,11 @@ def build_state(
         pipelines=settings.pipelines,
     )
     metrics.bind(manager)
-    service = InferenceService(manager, metrics, max_rows_per_request=settings.max_rows_per_request)
+    sketching = settings.fleet.enabled and settings.fleet.input_sketches.enabled
+    sketches = InputSketchBook(settings.fleet.input_sketches) if sketching else None
+    service = InferenceService(
+        manager, metrics, max_rows_per_request=settings.max_rows_per_request, sketches=sketches
+    )
     log.info(
         "hardware profile", extra={"profile": hardware.profile.name, "forced": hardware.forced}
     )
@@ -61,7 +66,9 @@ def build_state(
         # imported here: a local-only agent never loads MQTT and signature code
         from agent.fleet.client import FleetClient
 
-        fleet = FleetClient(settings.fleet, manager, hardware, accelerators, metrics)
+        fleet = FleetClient(
+            settings.fleet, manager, hardware, accelerators, metrics, sketches=sketches
+        )
     shared_memory = SharedMemoryRegistry(settings.shared_memory)
     return ApiState(service, manager, metrics, settings, fleet, shared_memory=shared_memory)
 

@@ -97,6 +97,19 @@ class FleetMetrics:
             buckets=(1, 10, 100, 1_000, 5_000, 10_000, 20_000, 50_000),
             registry=r,
         )
+        self.drift_psi = Gauge(
+            "edgefleet_input_drift_psi",
+            "Largest PSI of any input feature against the version's reference set, over the"
+            " fleet's recent windows (device='*') or the worst device's",
+            ["model", "version", "device"],
+            registry=r,
+        )
+        self.drift_alerts = Counter(
+            "edgefleet_input_drift_alerts",
+            "Times a device's or the fleet's input drift went over the threshold",
+            ["model", "version"],
+            registry=r,
+        )
         self.silence = silence or SilenceRule(0)
         self.listening_since: datetime | None = None
         """When the control plane's broker session began (set by the bus; None: not

@@ -17,6 +17,7 @@ from pydantic_settings import (
 from common.settings import settings_from
 from control_plane.enrolment.settings import EnrolmentSettings
 from control_plane.k8s.settings import KubernetesSettings
+from control_plane.quality.settings import DriftSettings
 
 
 class ControlPlaneSettings(BaseSettings):
@@ -140,6 +141,8 @@ class ControlPlaneSettings(BaseSettings):
     log_level: str = "INFO"
     enrolment: EnrolmentSettings = EnrolmentSettings()
     """Zero-touch provisioning: where claimed devices get their broker user (docs/enrolment.md)."""
+    drift: DriftSettings = DriftSettings()
+    """Input drift against each version's reference set (docs/model-quality.md, "Drift")."""
     kubernetes: KubernetesSettings = KubernetesSettings()
     """ModelRollout objects and the agent DaemonSet, when run in a cluster (docs/kubernetes.md)."""
 

@@ -34,6 +34,7 @@ from agent.fleet.store import ModelStore
 from agent.fleet.telemetry import TelemetryCollector
 from agent.fleet.updater import Item, Report, Updater
 from agent.inference.manager import ModelManager
+from agent.inference.sketches import InputSketchBook
 from agent.metrics import AgentMetrics
 from common import __version__
 from common.protocol.errors import ProtocolError, Rejection
@@ -91,6 +92,7 @@ class FleetClient:
         hardware: HardwareContext,
         accelerators: AcceleratorProbe,
         metrics: AgentMetrics,
+        sketches: InputSketchBook | None = None,
     ) -> None:
         self.settings = settings
         self.manager = manager
@@ -143,7 +145,7 @@ class FleetClient:
             on_done=self._done,
             shadows=self.shadows,
         )
-        self.telemetry = TelemetryCollector(manager, accelerators)
+        self.telemetry = TelemetryCollector(manager, accelerators, sketches)
         self.connected = asyncio.Event()
         self._wake = asyncio.Event()
         self._status_dirty = True

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from agent.inference.sketches import InputSketchSettings
 from common.protocol.topics import valid_device_id
 
 
@@ -47,6 +48,8 @@ class FleetSettings(BaseModel):
     trust_root_file: Path | None = None
     """The provisioned trust root (JSON), read when state_dir holds none yet."""
     telemetry_interval_s: float = Field(default=10.0, gt=0)
+    input_sketches: InputSketchSettings = Field(default_factory=InputSketchSettings)
+    """Sketches of served inputs in each telemetry window, for drift (docs/model-quality.md)."""
     outbox_max_bytes: int = Field(default=16 * 2**20, gt=0)
     """Bound of the on-disk buffer for telemetry and events while offline."""
     outbox_max_age_s: float = Field(default=7 * 24 * 3600, gt=0)

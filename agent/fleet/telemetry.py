@@ -18,6 +18,7 @@ import psutil
 
 from agent.accelerators import AcceleratorProbe
 from agent.inference.manager import ModelManager
+from agent.inference.sketches import InputSketchBook
 from agent.inference.stats import VersionStats, percentiles_of
 from agent.inference.versions import LoadedVersion
 from common.protocol.messages import DeviceTelemetry, ModelTelemetry
@@ -82,9 +83,16 @@ class _Window:
 
 
 class TelemetryCollector:
-    def __init__(self, manager: ModelManager, accelerators: AcceleratorProbe) -> None:
+    def __init__(
+        self,
+        manager: ModelManager,
+        accelerators: AcceleratorProbe,
+        sketches: InputSketchBook | None = None,
+    ) -> None:
         self.manager = manager
         self.accelerators = accelerators
+        self.sketches = sketches
+        """Where the service sketches served inputs; each window takes them (drift)."""
         self._last: dict[LoadedVersion, _Snapshot] = {}
         """What the last window read of each loaded version (by identity)."""
         self._departed: dict[LoadedVersion, None] = {}
@@ -126,6 +134,10 @@ class TelemetryCollector:
         for lv in [lv for lv in self._last if lv not in serving and lv not in self._departed]:
             del self._last[lv]  # gone for good: its last counts were sent
         models = [w.to_message(model, version) for (model, version), w in windows.items()]
+        if self.sketches is not None:
+            inputs = self.sketches.take_all()
+            for m in models:
+                m.inputs = inputs.get((m.model, m.version), [])
         return window, models, self._device()
 
     def _device(self) -> DeviceTelemetry:

@@ -16,6 +16,7 @@ import numpy as np
 from agent.errors import AgentError, RequestError, ShuttingDownError
 from agent.inference.batch_run import ItemResult
 from agent.inference.manager import ModelManager
+from agent.inference.sketches import InputSketchBook
 from agent.inference.versions import LoadedVersion
 from agent.metrics import AgentMetrics
 from agent.pipelines.errors import StepError
@@ -52,10 +53,17 @@ class InferResponse:
 
 class InferenceService:
     def __init__(
-        self, manager: ModelManager, metrics: AgentMetrics, *, max_rows_per_request: int
+        self,
+        manager: ModelManager,
+        metrics: AgentMetrics,
+        *,
+        max_rows_per_request: int,
+        sketches: InputSketchBook | None = None,
     ) -> None:
         self.manager = manager
         self.metrics = metrics
+        self.sketches = sketches
+        """Served inputs' sketches for telemetry (drift); None: not sketched."""
         self.max_rows_per_request = max_rows_per_request
         self.accepting = True
 
@@ -120,6 +128,8 @@ class InferenceService:
             total = time.monotonic() - started
             lv.stats.record_success(total, result.queue_s, result.compute_s)
             self.metrics.observe_success(lv.model, version, total, result.queue_s, result.compute_s)
+            if self.sketches is not None:
+                self.sketches.observe(lv.model, lv.version, request.inputs)
             if self.manager.shadows.by_model:  # a copy for a staged candidate, never awaited
                 self.manager.shadows.offer(
                     lv, request.inputs, rows or 1, result.outputs, result.compute_s

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from common.protocol.drift import InputSketch
 from common.protocol.shadow import ShadowReport, ShadowStage, VariantSpeed
 
 Sha256 = str
@@ -258,6 +259,8 @@ class ModelTelemetry(BaseModel):
     """The window of a candidate staged as this version's shadow, if one is."""
     speed: VariantSpeed | None = None
     """What batch tuning measured for this version, in the first window after its load."""
+    inputs: list[InputSketch] = Field(default_factory=list)
+    """Sketches of what this version's inputs looked like over the window (drift)."""
 
 
 class DeviceTelemetry(BaseModel):

@@ -26,6 +26,7 @@ from control_plane.enrolment import api as enrolment_api
 from control_plane.errors import ControlPlaneError
 from control_plane.ingest import retention
 from control_plane.ingest.ingestor import HELD_PER_MESSAGE
+from control_plane.quality import drift_api
 from control_plane.settings import ControlPlaneSettings
 from control_plane.signing.trust import TrustManager
 
@@ -62,6 +63,7 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
         tasks = [
             asyncio.create_task(svc.bus.run(), name="mqtt"),
             asyncio.create_task(svc.ingestor.run(), name="ingest"),
+            asyncio.create_task(app.state.drift.run(), name="drift"),
             # the loops that must not run twice: on the replica that leads, while it leads
             asyncio.create_task(
                 svc.engine.leadership.run(
@@ -100,6 +102,7 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
     app.include_router(admin.router)
     enrolment_api.attach(app, svc)
     deployments_api.attach(app, svc)
+    drift_api.attach(app, svc)
     app.add_exception_handler(ControlPlaneError, handle_error)
     app.add_exception_handler(RequestValidationError, handle_error)
     app.add_exception_handler(DBAPIError, handle_error)  # 503 while the database is away

@@ -472,3 +472,30 @@ class VariantSpeedRecord(Base):
     """The device that measured it last."""
     measured_at: Mapped[datetime]
     """When the control plane received it (its clock)."""
+
+
+class InputDrift(Base):
+    """The latest input drift of a model version on one device, or over the fleet
+    (``device_id`` ``*``): its sketches merged over recent windows against the version's
+    reference set (:mod:`control_plane.quality.drift_monitor`)."""
+
+    __tablename__ = "input_drift"
+    __table_args__ = (UniqueConstraint("model", "version", "device_id", name="uq_input_drift"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    version: Mapped[int] = mapped_column(Integer)
+    device_id: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    computed_at: Mapped[datetime]
+    rows: Mapped[float] = mapped_column(Float)
+    """Sampled rows behind it (windows merged with decay: not a whole number)."""
+    windows: Mapped[int] = mapped_column(Integer)
+    """Telemetry windows with sketches merged so far (summed over devices for the fleet)."""
+    psi: Mapped[float] = mapped_column(Float)
+    """The largest PSI of any feature."""
+    ks: Mapped[float] = mapped_column(Float)
+    wasserstein: Mapped[float] = mapped_column(Float)
+    feature: Mapped[str] = mapped_column(String(NAME_LENGTH + 32))
+    """Where the PSI is largest: ``input[3]``, ``input[*]`` for all of an input's values."""
+    features: Mapped[list[Any]] = mapped_column(default=list)
+    """Every feature's drift: input, feature, psi, ks, wasserstein, live and reference mean."""

@@ -112,6 +112,9 @@ class Ingestor:
         before: a message sent again), and of telemetry refused for good (out of range)."""
         self.on_batch_written: list[Callable[[], None]] = []
         """Called after each batch (the MQTT adapter resumes reading when the queue drained)."""
+        self.on_sketches: list[Callable[[str, Telemetry], None]] = []
+        """Called with each telemetry message queued for storing (the drift monitor keeps
+        those that carry input sketches; it must not wait)."""
         self.last_seen_resolution = timedelta(seconds=last_seen_resolution_s)
         self._seen_written: dict[str, datetime] = {}
         engine = sessions.kw.get("bind")
@@ -235,6 +238,8 @@ class Ingestor:
             self._settled([(device_id, message.seq)])  # never storable: not sent again
         else:
             self._enqueue("telemetry", device_id, ("telemetry", rows, ack))
+            for hook in self.on_sketches:
+                hook(device_id, message)
             if carries_quality(message):  # a shadow's window, a measured speed: rare
                 self._enqueue("quality", device_id, ("quality", quality_rows(message, at), None))
 

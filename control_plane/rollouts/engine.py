@@ -43,7 +43,7 @@ from control_plane.leadership.lease import Fenced, Leadership
 from control_plane.metrics import FleetMetrics
 from control_plane.mqtt.bus import FleetBus
 from control_plane.rollouts.events import CHUNK, NEVER_REPORTED, apply_events, moves_rollout
-from control_plane.rollouts.gates import telemetry_gates
+from control_plane.rollouts.gates import drift_gate, telemetry_gates
 from control_plane.rollouts.manifests import for_device, rollback_command
 from control_plane.rollouts.plan import plan_rollout
 from control_plane.rollouts.shadow import shadow_wave, withdraw_shadows
@@ -471,9 +471,17 @@ class RolloutEngine:
         )
         if waiting:
             report["waiting_for_traffic"] = True
+        before = rollout.gate_report.get(str(rollout.current_wave), {}).get("drift")
+        pause, drift = await drift_gate(session, rollout, gates, touched, before)
+        if drift is not None:
+            report["drift"] = drift
         rollout.gate_report = {**rollout.gate_report, str(rollout.current_wave): report}
         if verdict:
             return self._fail(rollout, verdict)
+        if pause:  # the data moved, not the version: an operator decides, nothing rolls back
+            rollout.state, rollout.reason = RolloutState.PAUSED, pause
+            log.warning("rollout paused by its drift gate", extra={"rollout": rollout.id})
+            return None
         if baked > now or waiting:
             return None  # still baking, or waiting for requests to judge
         if rollout.current_wave + 1 >= len(rollout.waves) or not [

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.db.models import Rollout, RolloutDevice, TelemetrySample
+from control_plane.db.models import InputDrift, Rollout, RolloutDevice, TelemetrySample
 from control_plane.db.session import required_utc
 from control_plane.rollouts.events import CHUNK
 from control_plane.rollouts.spec import Gates
@@ -115,3 +115,52 @@ async def _window(
         "errors": errors,
         "p99_ms": float(weighted) / weight if weight else None,
     }
+
+
+async def drift_gate(
+    session: AsyncSession,
+    rollout: Rollout,
+    gates: Gates,
+    touched: list[RolloutDevice],
+    previous: dict[str, Any] | None,
+) -> tuple[str | None, dict[str, Any] | None]:
+    """Judge ``gates.max_drift`` on the input drift of the new version on the committed
+    devices of the waves so far, computed since the rollout began: why the rollout pauses, or
+    None, and the report (None when the gate is off). ``previous``: this wave's drift report
+    at the last step: a wave the operator resumed after a drift pause is not paused again."""
+    if gates.max_drift is None:
+        return None, None
+    ids = [d.device_id for d in touched if d.state is DeviceRolloutState.COMMITTED]
+    worst: InputDrift | None = None
+    judged = 0
+    for start in range(0, len(ids), CHUNK):
+        rows = await session.execute(
+            select(InputDrift).where(
+                InputDrift.model == rollout.model,
+                InputDrift.version == rollout.version,
+                InputDrift.device_id.in_(ids[start : start + CHUNK]),
+                InputDrift.computed_at >= required_utc(rollout.created_at),
+            )
+        )
+        for row in rows.scalars():
+            judged += 1
+            if worst is None or row.psi > worst.psi:
+                worst = row
+    report: dict[str, Any] = {"max_drift": gates.max_drift, "devices_judged": judged}
+    if worst is None:
+        report["note"] = "no input drift judged yet on the wave's devices"
+        return None, report
+    report |= {"psi": worst.psi, "ks": worst.ks, "device_id": worst.device_id}
+    report["feature"] = worst.feature
+    if worst.psi <= gates.max_drift:
+        return None, report
+    if previous is not None and previous.get("paused"):
+        report["paused"] = True
+        report["note"] = "over max_drift; resumed by an operator: not paused again this wave"
+        return None, report
+    report["paused"] = True
+    return (
+        f"input drift: PSI {worst.psi:.3f} on {worst.feature} at {worst.device_id} "
+        f"exceeds max_drift {gates.max_drift} (KS {worst.ks:.3f})",
+        report,
+    )

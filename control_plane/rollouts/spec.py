@@ -28,6 +28,10 @@ class Gates(BaseModel):
     """Pass a wave whose error-rate and latency gates could not judge (fewer than
     ``min_requests`` requests) at the end of its bake. Off, such a wave waits for traffic, and
     its status says so: a rollout with no traffic proves nothing about the version."""
+    max_drift: float | None = Field(default=None, gt=0, le=1e6)
+    """Largest PSI of any input feature, on the wave's devices, against the version's
+    reference set (docs/model-quality.md, "Drift"). Over it the rollout is paused, not rolled
+    back: drift is about the data, not the version. None: not judged."""
 
 
 class ShadowSpec(BaseModel):
