@@ -12,7 +12,12 @@ from sqlalchemy import Select, delete, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from control_plane.db.bulk import insert_ignore
-from control_plane.db.models import DeviceSample, TelemetryRollup, TelemetrySample
+from control_plane.db.models import (
+    DeviceSample,
+    ShadowReportRecord,
+    TelemetryRollup,
+    TelemetrySample,
+)
 from control_plane.db.session import stored_utc
 from control_plane.settings import ControlPlaneSettings
 
@@ -98,6 +103,10 @@ async def compact(
         await s.execute(delete(DeviceSample).where(DeviceSample.time < cutoff))
         rollup_cutoff = now - timedelta(seconds=settings.telemetry_rollup_retention_s)
         await s.execute(delete(TelemetryRollup).where(TelemetryRollup.bucket < rollup_cutoff))
+        # a shadow phase sums its wave's windows since it began: kept as long as the rollups
+        await s.execute(
+            delete(ShadowReportRecord).where(ShadowReportRecord.received_at < rollup_cutoff)
+        )
     return folded
 
 
