@@ -42,6 +42,7 @@ from control_plane.k8s.resource import (
     spec_changes,
 )
 from control_plane.k8s.settings import KubernetesSettings
+from control_plane.leadership.lease import Fenced
 from control_plane.rollouts.engine import RolloutEngine
 from control_plane.rollouts.states import RolloutState
 
@@ -127,6 +128,8 @@ class ModelRolloutController:
     async def _reconcile_logged(self, obj: Obj) -> None:
         try:
             await self.reconcile(obj)
+        except Fenced as exc:  # the lease is lost: while_leading stops this loop
+            log.warning("not leading: ModelRollout left to the leader", extra={"reason": str(exc)})
         except Exception:  # one bad object must not stop the others
             log.exception("reconciling a ModelRollout failed", extra={"modelrollout": _name(obj)})
 
@@ -174,7 +177,11 @@ class ModelRolloutController:
         try:
             if (obj.get("spec") or {}).get("abort"):
                 raise Conflict("spec.abort: the rollout was aborted before it started")
-            rollout_id = await self.engine.create(rollout_spec(obj), owner(obj))
+            # fenced: a replica that lost the lease while it believed it led (paused, its
+            # renewals late) must not start a rollout the new leader starts too
+            rollout_id = await self.engine.create(rollout_spec(obj), owner(obj), fenced=True)
+        except Fenced:
+            raise  # not the object's fault: its status stays the leader's to write
         except Busy as exc:
             # not refused: it starts once the rollout in its way is done (tried again on every
             # progress write, see _write_progress)
