@@ -82,4 +82,5 @@ async def model_version(
     request: Request, name: str, version: int, who: Operator = OPERATOR
 ) -> Response:
     doc = await who.api.get(f"/api/v1/models/{name}/versions/{version}")
-    return render(request, "model_version.html", who, mv=doc)
+    drift = await who.api.get(f"/api/v1/models/{name}/versions/{version}/drift")
+    return render(request, "model_version.html", who, mv=doc, drift=drift)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -186,6 +187,14 @@ def test_shifted_traffic_pauses_the_rollout_and_unshifted_does_not(
         line = 'edgefleet_input_drift_psi{device="max",model="digits",version="3"}'
         (value,) = [float(x.split()[-1]) for x in metrics.splitlines() if x.startswith(line)]
         assert value > THRESHOLD
+        # a viewer reads it, in the API and on the console's model page
+        token = cp.token("viewer")
+        with cp.client(token) as viewer:
+            assert viewer.get("/api/v1/models/digits/versions/3/drift").status_code == 200
+        with httpx.Client(base_url=cp.url, timeout=60) as browser:
+            assert browser.post("/ui/login", data={"token": token}).status_code == 303
+            page = browser.get("/ui/models/digits/versions/3").text
+        assert "Input drift" in page and f"over {THRESHOLD}" in page and "drift-box" in page
         # the device still serves the version: nothing rolled back
         assert agent.infer_json("digits", inputs[:1]).json()["model_version"] == "3"
         assert traffic.answered > 0
