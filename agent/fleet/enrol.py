@@ -4,7 +4,8 @@ this device's broker identity and the trust root, and keep them.
     no identity.json --POST enrol--> 201: trust-root.json, then identity.json (both atomic)
                                      202: pending; ask again after Retry-After
                                      401/403/409: refused; the reason is logged, no retry
-                                     unreachable, 5xx: again, with backoff
+                                     429, 503: again after Retry-After, with jitter
+                                     unreachable, other 5xx: again, with backoff
 
 The device key (``enrol-key``, made once) proves on every later request that it is the device
 that first asked for this id. Once ``identity.json`` exists, later starts use it and never ask
@@ -37,6 +38,9 @@ from common.protocol.signing import TrustRoot
 
 log = logging.getLogger("edgefleet.agent.fleet.enrol")
 REQUEST_TIMEOUT_S = 30.0
+RETRY_AFTER_JITTER = (1.0, 1.5)
+"""A busy control plane's Retry-After is stretched by this factor, drawn anew each time: never
+sooner than it asked, and a fleet refused at once does not come back at once."""
 
 
 class EnrolmentFailed(Exception):
@@ -118,13 +122,19 @@ class Enrolment:
         delay = s.reconnect_min_s
         async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
             while True:
-                wait = delay
+                wait = delay * random.uniform(0.8, 1.2)
                 try:
                     answer = await self._ask(client, url, claim, request)
+                except _Busy as exc:  # its Retry-After, not our backoff
+                    wait = jittered_retry_after(exc.retry_after_s)
+                    log.info(
+                        "enrolment: control plane busy",
+                        extra={"error": str(exc), "retry_in_s": round(wait, 2)},
+                    )
                 except (httpx.HTTPError, _Transient) as exc:
                     log.warning(
                         "enrolment: control plane unavailable",
-                        extra={"error": str(exc), "retry_in_s": round(delay, 2)},
+                        extra={"error": str(exc), "retry_in_s": round(wait, 2)},
                     )
                     delay = min(s.enrol_retry_max_s, delay * 2)
                 else:
@@ -135,7 +145,8 @@ class Enrolment:
                         "enrolment pending: waiting for an operator's approval",
                         extra={"device_id": s.device_id, "retry_in_s": wait},
                     )
-                await asyncio.sleep(wait * random.uniform(0.8, 1.2))
+                    wait *= random.uniform(0.8, 1.2)
+                await asyncio.sleep(wait)
 
     async def _ask(
         self, client: httpx.AsyncClient, url: str, claim: str, request: EnrolmentRequest
@@ -155,6 +166,9 @@ class Enrolment:
             raise EnrolmentFailed(
                 str(doc.get("reason", resp.status_code)), str(doc.get("error", resp.text[:300]))
             )
+        retry_after = retry_after_s(resp)
+        if resp.status_code in (429, 503) and retry_after is not None:
+            raise _Busy(f"HTTP {resp.status_code}: {resp.text[:300]}", retry_after)
         raise _Transient(f"HTTP {resp.status_code}: {resp.text[:300]}")
 
     def _store(self, answer: EnrolmentAnswer) -> StoredIdentity:
@@ -183,5 +197,25 @@ class Enrolment:
         return identity
 
 
+def retry_after_s(resp: httpx.Response) -> float | None:
+    """The answer's ``Retry-After`` in seconds; None without one, or in the HTTP-date form
+    (NOTE: RFC 9110, 10.2.3: the control plane sends delay-seconds)."""
+    value = resp.headers.get("retry-after", "").strip()
+    return float(value) if value.isdigit() else None
+
+
+def jittered_retry_after(retry_after_s: float) -> float:
+    """How long to wait when told ``Retry-After: retry_after_s`` (:data:`RETRY_AFTER_JITTER`)."""
+    return retry_after_s * random.uniform(*RETRY_AFTER_JITTER)
+
+
 class _Transient(Exception):
     pass
+
+
+class _Busy(_Transient):
+    """429 or 503 with a Retry-After: the control plane says when to ask again."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

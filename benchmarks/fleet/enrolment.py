@@ -88,7 +88,7 @@ def cp_config(
     return path
 
 
-def percentile(values: list[float], q: float) -> float | None:
+def percentile(values: list[float], q: int) -> float | None:
     if not values:
         return None
     if len(values) == 1:
@@ -96,10 +96,19 @@ def percentile(values: list[float], q: float) -> float | None:
     return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1], 3)
 
 
-def run(devices: int, accounts: str, pg_admin: str, http_connections: int) -> dict[str, Any]:
+def run(
+    devices: int,
+    accounts: str,
+    pg_admin: str,
+    http_connections: int,
+    keep: Path | None = None,
+    profile: bool = False,
+) -> dict[str, Any]:
+    """One run; ``keep``: its files (logs, the broker's) go there and stay."""
     with tempfile.TemporaryDirectory(prefix="enrolment-") as tmp, ExitStack() as s:
-        workdir, logs = Path(tmp), Path(tmp) / "logs"
-        logs.mkdir()
+        workdir = keep or Path(tmp)
+        logs = workdir / "logs"
+        logs.mkdir(parents=True)
         state = workdir / "control-plane"
         db_url = s.enter_context(database(pg_admin))
         mqtt_port, cp_port = stack.free_port(), stack.free_port()
@@ -108,10 +117,11 @@ def run(devices: int, accounts: str, pg_admin: str, http_connections: int) -> di
         broker = s.enter_context(process([exe, "-c", str(conf)], logs / "mosquitto.out"))
         wait_for("the broker", lambda: stack.port_open(mqtt_port), 20)
         config = cp_config(workdir, state, mqtt_port, cp_port, db_url, accounts)
-        cp_exe = str(Path(sys.executable).parent / "edgefleet")
-        cp = s.enter_context(
-            process([cp_exe, "control-plane", "--config", str(config)], logs / "control-plane.log")
-        )
+        cp_args = [str(Path(sys.executable).parent / "edgefleet"), "control-plane"]
+        cp_args += ["--config", str(config)]
+        if profile:  # cProfile writes it when the control plane exits (SIGTERM: a clean exit)
+            cp_args = [sys.executable, "-m", "cProfile", "-o", str(logs / "cp.prof"), *cp_args]
+        cp = s.enter_context(process(cp_args, logs / "control-plane.log"))
         health = f"http://127.0.0.1:{cp_port}/health"
         wait_for("the control plane", lambda: httpx.get(health).status_code == 200, 120)
         api = s.enter_context(stack.admin_client(workdir, cp_port))
@@ -167,6 +177,7 @@ def run(devices: int, accounts: str, pg_admin: str, http_connections: int) -> di
         "enrolled_p50_s": percentile(result["enrolled_s"], 50),
         "enrolled_p99_s": percentile(result["enrolled_s"], 99),
         "waits": result["waits"],
+        "refused_logins": result["refused_logins"],
         "db_enrolled": enrolled,
         "db_online": online,
         "resources": resources,
@@ -179,9 +190,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--accounts", choices=["dynsec", "password_file"], default="password_file")
     p.add_argument("--pg-admin", default="postgresql://postgres@127.0.0.1:5432/postgres")
     p.add_argument("--http-connections", type=int, default=500, help="the simulator's pool")
+    p.add_argument("--keep", type=Path, help="a new folder for the run's files, kept")
+    p.add_argument("--profile", action="store_true", help="the control plane under cProfile")
     args = p.parse_args(argv)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    report = run(args.devices, args.accounts, args.pg_admin, args.http_connections)
+    report = run(
+        args.devices, args.accounts, args.pg_admin, args.http_connections, args.keep, args.profile
+    )
     print(json.dumps({"started": started, **report}, indent=2))
 
 

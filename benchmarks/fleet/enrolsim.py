@@ -19,13 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import resource
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
 import uvloop
 
 from agent.fleet.enrol import jittered_retry_after, retry_after_s
@@ -37,6 +38,38 @@ from common.protocol.signing import TrustRoot
 from common.protocol.topics import Topics
 
 REQUEST_TIMEOUT_S = 120.0
+RECONNECT_MIN_S, RECONNECT_MAX_S = 0.5, 30.0
+"""The agent's defaults (``fleet.reconnect_min_s``, ``reconnect_max_s``)."""
+
+
+class Answer:
+    """An HTTP answer: what :func:`agent.fleet.enrol.retry_after_s` reads of httpx's."""
+
+    def __init__(self, status_code: int, headers: dict[str, str], content: bytes) -> None:
+        self.status_code, self.headers, self.content = status_code, headers, content
+
+    @property
+    def text(self) -> str:
+        return self.content.decode(errors="replace")
+
+
+async def post(url: str, body: bytes, headers: dict[str, str]) -> Answer:
+    """One HTTP/1.1 POST on a connection of its own, as each device opens its own. (httpx's
+    pool, one client for 1,000 devices, spent its time queueing and opened no connection.)"""
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        head = f"POST {parts.path} HTTP/1.1\r\nhost: {parts.netloc}\r\nconnection: close\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        head += f"content-length: {len(body)}\r\n\r\n"
+        writer.write(head.encode() + body)
+        raw = await reader.read()
+    finally:
+        writer.close()
+    header_bytes, _, content = raw.partition(b"\r\n\r\n")
+    status_line, *lines = header_bytes.decode("latin-1").split("\r\n")
+    fields = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
+    return Answer(int(status_line.split()[1]), fields, content)
 
 
 class EnrolSim:
@@ -49,42 +82,47 @@ class EnrolSim:
         self.provisioned_s: dict[str, float] = {}
         self.waits: dict[str, int] = {}
         self.failed: dict[str, str] = {}
+        self.refused_logins = 0
         self.devices: list[SimDevice] = []
         self.started = 0.0
 
     async def run(self) -> None:
-        limits = httpx.Limits(max_connections=self.args.http_connections)
-        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as http:
-            self.started = time.monotonic()
-            await asyncio.gather(*(self.one(http, d) for d in self.ids))
+        self.started = time.monotonic()
+        gate = asyncio.Semaphore(self.args.http_connections)
+        await asyncio.gather(*(self.one(gate, d) for d in self.ids))
 
-    async def one(self, http: httpx.AsyncClient, device_id: str) -> None:
+    async def one(self, gate: asyncio.Semaphore, device_id: str) -> None:
         try:
-            answer = await self.enrol(http, device_id)
+            answer = await self.enrol(gate, device_id)
             self.enrolled_s[device_id] = time.monotonic() - self.started
             await self.join(device_id, answer)
             self.provisioned_s[device_id] = time.monotonic() - self.started
         except Exception as exc:  # counted and reported, as a device that did not join
             self.failed[device_id] = f"{type(exc).__name__}: {exc}"
 
-    async def enrol(self, http: httpx.AsyncClient, device_id: str) -> EnrolmentAnswer:
-        body = EnrolmentRequest(
-            device_id=device_id,
-            device_key=f"key-of-{device_id}-" + "k" * 32,
-            hardware_profile=PROFILE,
-            labels={"fleet": "enrolsim"},
-            agent_version="enrolsim",
-        ).model_dump_json()
+    async def enrol(self, gate: asyncio.Semaphore, device_id: str) -> EnrolmentAnswer:
+        body = (
+            EnrolmentRequest(
+                device_id=device_id,
+                device_key=f"key-of-{device_id}-" + "k" * 32,
+                hardware_profile=PROFILE,
+                labels={"fleet": "enrolsim"},
+                agent_version="enrolsim",
+            )
+            .model_dump_json()
+            .encode()
+        )
         headers = {"content-type": "application/json", "authorization": f"Bearer {self.token}"}
         url = self.args.url.rstrip("/") + ENROL_PATH
         while True:
-            resp = await http.post(url, content=body, headers=headers)
+            async with gate:
+                resp = await asyncio.wait_for(post(url, body, headers), REQUEST_TIMEOUT_S)
             if resp.status_code in (200, 201, 202):
                 answer = EnrolmentAnswer.model_validate_json(resp.content)
                 if answer.status is Status.ENROLLED:
                     return answer
                 wait = answer.retry_after_s or 1.0
-            elif resp.status_code in (429, 503) and (after := retry_after_s(resp)) is not None:
+            elif resp.status_code in (429, 503) and (after := retry_after_s(resp)) is not None:  # type: ignore[arg-type]
                 wait = jittered_retry_after(after)
             else:
                 raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
@@ -96,15 +134,26 @@ class EnrolSim:
         assert answer.username and answer.password and answer.trust_root is not None
         trust = TrustRoot.model_validate(answer.trust_root.get("signed", answer.trust_root))
         dev = SimDevice(device_id, self.shared, trust, 1)
-        conn = await mqttlite.connect(
-            self.args.host,
-            self.args.port,
-            f"edgefleet-agent-{device_id}",
-            dev.on_message,
-            clean_session=False,
-            will=(dev.status_topic, dev.status(online=False), 1, True),
-            login=(answer.username, answer.password),
-        )
+        delay = RECONNECT_MIN_S
+        while True:  # as the agent: a refused login is tried again, with backoff
+            try:
+                conn = await mqttlite.connect(
+                    self.args.host,
+                    self.args.port,
+                    f"edgefleet-agent-{device_id}",
+                    dev.on_message,
+                    clean_session=False,
+                    will=(dev.status_topic, dev.status(online=False), 1, True),
+                    login=(answer.username, answer.password),
+                )
+                break
+            except mqttlite.MqttLiteError as exc:
+                # a password file's broker knows the device once it has reloaded
+                if "return code 5" not in str(exc) or delay > RECONNECT_MAX_S:
+                    raise
+                self.refused_logins += 1
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay *= 2
         dev.conn = conn
         self.devices.append(dev)
         # as the agent: the trust root first, then its own topics, then the birth
@@ -122,6 +171,7 @@ class EnrolSim:
             "enrolled_s": sorted(self.enrolled_s.values()),
             "provisioned_s": sorted(self.provisioned_s.values()),
             "waits": self.waits,
+            "refused_logins": self.refused_logins,
             "failed": len(self.failed),
             "failures": dict(list(self.failed.items())[:5]),
             "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
@@ -155,7 +205,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--first", type=int, default=0)
     p.add_argument("--count", type=int, default=100)
     p.add_argument("--id-prefix", default="zt-")
-    p.add_argument("--http-connections", type=int, default=500)
+    p.add_argument("--http-connections", type=int, default=500, help="open at once, at most")
     return p.parse_args(argv)
 
 

@@ -19,6 +19,8 @@ from control_plane.provisioning.mosquitto import FleetAccess
 from control_plane.settings import ControlPlaneSettings
 
 log = logging.getLogger("edgefleet.control_plane.enrolment")
+RELOAD_SETTLE_S = 1.0
+"""After a change, the broker is signalled once more when none came for this long."""
 
 
 class BrokerAccounts(Protocol):
@@ -40,26 +42,45 @@ class PasswordFileAccounts:
         self.topics = topics
         self._lock = asyncio.Lock()
         self.batches: GroupCommit[str] = GroupCommit(self._issue_batch, max_batch=max_batch)
+        self._trailing: asyncio.TimerHandle | None = None
 
     async def issue(self, device_id: str) -> str:
         return await self.batches.submit(device_id)
 
     async def _issue_batch(self, device_ids: list[str]) -> dict[str, str | Exception]:
         async with self._lock:  # one writer of the files at a time
-            return await asyncio.to_thread(self._issue, device_ids)
+            results, pid_file = await asyncio.to_thread(self._issue, device_ids)
+        self._reload_again(pid_file)
+        return results
 
     async def remove(self, device_id: str) -> None:
         async with self._lock:
-            await asyncio.to_thread(self._remove, device_id)
+            pid_file = await asyncio.to_thread(self._remove, device_id)
+        self._reload_again(pid_file)
 
-    def _remove(self, device_id: str) -> None:
+    def _reload_again(self, pid_file: Path | None) -> None:
+        """Signal the broker once more when the changes have settled.
+
+        NOTE: Mosquitto (2.0, src/loop.c) clears its reload flag after reloading, so a SIGHUP
+        that arrives while it reloads is lost; with batches back to back, the last one's was,
+        and its devices were refused until the next change (benchmarks/fleet/enrolment.py)."""
+        if pid_file is None:
+            return
+        if self._trailing is not None:
+            self._trailing.cancel()
+        loop = asyncio.get_running_loop()
+        self._trailing = loop.call_later(RELOAD_SETTLE_S, reload_broker, pid_file)
+
+    def _remove(self, device_id: str) -> Path | None:
         access = FleetAccess(self.state_dir, self.topics)
         access.revoke_device(device_id)
         out = access.refresh_broker()
-        if out is not None:
-            reload_broker(out / "data" / "mosquitto.pid")
+        if out is None:
+            return None
+        reload_broker(out / "data" / "mosquitto.pid")
+        return out / "data" / "mosquitto.pid"
 
-    def _issue(self, device_ids: list[str]) -> dict[str, str | Exception]:
+    def _issue(self, device_ids: list[str]) -> tuple[dict[str, str | Exception], Path | None]:
         access = FleetAccess(self.state_dir, self.topics)
         results: dict[str, str | Exception] = {}
         for device_id in device_ids:
@@ -69,9 +90,10 @@ class PasswordFileAccounts:
                 results[device_id] = exc
         access.passwords.save()
         out = access.refresh_broker()
-        if out is not None:
-            reload_broker(out / "data" / "mosquitto.pid")
-        return results
+        if out is None:
+            return results, None
+        reload_broker(out / "data" / "mosquitto.pid")
+        return results, out / "data" / "mosquitto.pid"
 
 
 def reload_broker(pid_file: Path) -> bool:

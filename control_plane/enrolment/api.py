@@ -5,6 +5,7 @@ API token, is the bearer credential, and an unknown one is refused before the bo
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 
 from fastapi import APIRouter, FastAPI, Request
@@ -19,6 +20,7 @@ from control_plane.api.body import json_body, json_request, read_bounded
 from control_plane.api.deps import OPERATOR, SESSION, VIEWER, Services, field_error, json_response
 from control_plane.db.models import Claim
 from control_plane.enrolment.accounts import make_accounts
+from control_plane.enrolment.admission import Admission
 from control_plane.enrolment.claims import (
     ClaimSpec,
     EnrolmentRefused,
@@ -61,6 +63,13 @@ def attach(app: FastAPI, svc: Services) -> None:
         topic_prefix=settings.topic_prefix,
         pending_retry_s=settings.enrolment.pending_retry_s,
     )
+    e = settings.enrolment
+    app.state.enrol_admission = Admission(
+        rate_per_s=e.admit_rate_per_s,
+        burst_requests=e.admit_burst_requests,
+        max_in_flight_requests=e.max_in_flight_requests,
+        max_retry_after_s=e.max_retry_after_s,
+    )
     app.include_router(router)
 
 
@@ -90,9 +99,31 @@ def _unavailable(message: str) -> Response:
     ENROL_PATH.removeprefix("/api/v1"),
     summary="A device exchanges its claim token for its broker identity and the trust root",
     openapi_extra=json_request(EnrolmentRequest),
-    responses={201: {"description": "enrolled"}, 202: {"description": "waiting for approval"}},
+    responses={
+        201: {"description": "enrolled"},
+        202: {"description": "waiting for approval"},
+        429: {"description": "too many enrolling at once: ask again after Retry-After"},
+    },
 )
 async def enrol(request: Request) -> Response:
+    admission: Admission = request.app.state.enrol_admission
+    retry_after_s = admission.try_enter()  # before anything is read or looked up
+    if retry_after_s is not None:
+        doc = {"error": "too many devices are enrolling: ask again later", "code": "rate_limited"}
+        return Response(
+            json.dumps(doc),
+            429,
+            headers={"Retry-After": str(retry_after_s)},
+            media_type="application/json",
+        )
+    started = time.monotonic()
+    try:
+        return await _enrol(request)
+    finally:
+        admission.leave(time.monotonic() - started)
+
+
+async def _enrol(request: Request) -> Response:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     try:
         if scheme.lower() != "bearer" or not token.strip():

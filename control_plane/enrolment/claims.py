@@ -154,7 +154,7 @@ async def take_use(session: AsyncSession, claim: Claim, now: datetime) -> None:
         await session.refresh(claim)
         refuse_inactive(claim, now)
         raise EnrolmentRefused(Refusal.CLAIM_USED_UP, f"claim {claim.name!r} is used up")
-    await session.refresh(claim)
+    # no refresh: the row stays locked until the caller commits, which it does at once
 
 
 async def list_claims(session: AsyncSession) -> list[Claim]:

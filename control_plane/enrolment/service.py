@@ -113,7 +113,6 @@ class Enroller:
                 f"device id {req.device_id!r} is taken in this fleet: choose another "
                 "(fleet.device_id), or have an operator revoke the old one",
             )
-        await take_use(s, claim, now)
         row = Enrolment(
             device_id=req.device_id,
             claim_id=claim.id,
@@ -128,6 +127,10 @@ class Enroller:
         )
         s.add(row)
         await s.flush()
+        # NOTE: the use last, just before the commit: its UPDATE locks the claim's row until
+        # then, and every device presenting this claim waits for that lock (5,000 devices on
+        # one claim: 35 a second with the use taken first, benchmarks/fleet/enrolment.py)
+        await take_use(s, claim, now)
         return row
 
     @staticmethod

@@ -24,3 +24,12 @@ class EnrolmentSettings(BaseModel):
     """Where enrolled devices get their broker user."""
     pending_retry_s: float = Field(default=30.0, gt=0, le=3600)
     """What a pending device is told to wait before it asks again (its ``Retry-After``)."""
+    admit_rate_per_s: float = Field(default=200.0, gt=0)
+    """Enrolment requests admitted per second on average (a token bucket); beyond it, 429 with
+    a ``Retry-After`` that spreads the refused devices at this rate."""
+    admit_burst_requests: int = Field(default=400, ge=1)
+    """Requests admitted at once before the rate applies (the bucket's size)."""
+    max_in_flight_requests: int = Field(default=128, ge=1)
+    """Enrolment requests being answered at once; beyond it, 429."""
+    max_retry_after_s: float = Field(default=300.0, ge=1)
+    """The longest ``Retry-After`` a refused device is told."""
