@@ -93,6 +93,7 @@ def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
         artifact_base_url=settings.artifact_base_url(),
         tick_s=settings.rollout_tick_s,
         leadership=leadership,
+        send_chunk=settings.rollout_send_chunk_devices,
     )
     ingestor.listeners.append(rollouts.on_events)
     ingestor.on_device_online.append(rollouts.on_device_online)

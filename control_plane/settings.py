@@ -99,6 +99,9 @@ class ControlPlaneSettings(BaseSettings):
     maintenance_interval_s: float = Field(default=60.0, gt=0)
     rollout_tick_s: float = Field(default=1.0, gt=0)
     """How often rollouts check timers (bake times, device timeouts); events act at once."""
+    rollout_send_chunk_devices: int = Field(default=1000, gt=0)
+    """Devices of a wave sent their manifests per transaction, each committed and published
+    before the next is signed (control_plane.rollouts.sending)."""
     deployment_tick_s: float = Field(default=5.0, gt=0)
     """How often continuous deployments look for devices out of compliance (that joined, or
     were relabelled) to give a rollout of their own."""

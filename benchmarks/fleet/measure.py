@@ -144,13 +144,16 @@ def start_fleet(
     control_plane_env: Mapping[str, str] | None = None,
     db_url: str | None = None,
     replicas: int = 0,
+    profile_dir: Path | None = None,
 ) -> Fleet:
     """Broker, control plane (with a validated v2 to roll out), bare subscriber and simulator
     processes; returns once the control plane lists every device online.
     ``control_plane_env`` is added to the control plane's environment only (a ``PYTHONPATH``
     to run another code tree's control plane against the same simulator). ``db_url``: a
     PostgreSQL database instead of SQLite; ``replicas``: that many control plane replicas
-    on it, splitting ingest by a shared subscription (0: one plain control plane)."""
+    on it, splitting ingest by a shared subscription (0: one plain control plane).
+    ``profile_dir``: each control plane runs under cProfile, its profile written there
+    (``<name>.prof``) when it stops."""
     logs = workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     mqtt_port = stack.free_port()
@@ -168,10 +171,19 @@ def start_fleet(
             workdir, mqtt_port, cp_port, db_url=db_url, replica=replica
         )
         name = "control-plane" if replica is None else f"control-plane-{replica}"
+        args = [exe, "control-plane", "--config", str(config)]
+        if profile_dir is not None:
+            args = [
+                sys.executable,
+                "-m",
+                "cProfile",
+                "-o",
+                str(profile_dir / f"{name}.prof"),
+            ] + args
         cps.append(
             stack_.enter_context(
                 process(
-                    [exe, "control-plane", "--config", str(config)],
+                    args,
                     logs / f"{name}.log",
                     env=control_plane_env,
                 )
@@ -196,7 +208,11 @@ def start_fleet(
         args = stack.sim_args(mqtt_port, trust, k * per, count, interval_s)
         proc = process(args, logs / f"fleetsim-{k}.log", stdin=True, stdout=True)
         sims.append(LineChild(stack_.enter_context(proc)))
-    connect_s = max(s.read()["connect_s"] for s in sims)
+    try:
+        connect_s = max(s.read()["connect_s"] for s in sims)
+    except RuntimeError as exc:  # the workdir goes with the run: say why the simulator ended
+        tails = [(logs / f"fleetsim-{k}.log").read_text()[-2000:] for k in range(sim_procs)]
+        raise RuntimeError(f"{exc}; its log ends:\n" + "\n".join(tails)) from None
     db = (
         stack.PgDatabase(db_url)
         if db_url

@@ -59,9 +59,12 @@ def measure(
     rate_per_s: float,
     duration_s: float,
     rollout_timeout_s: float = 0.0,
+    profile_dir: Path | None = None,
 ) -> dict[str, Any]:
     """One fleet, one ingest step; with ``rollout_timeout_s``, then a single-wave rollout to
     every device and its fleet-wide rollback (:func:`phases.rollout_and_rollback`)."""
+    if profile_dir is not None:
+        profile_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"replicas-{replicas}-") as tmp, ExitStack() as s:
         db_url = s.enter_context(database(admin_url))
         fleet = start_fleet(
@@ -72,6 +75,7 @@ def measure(
             interval_s=10.0,
             db_url=db_url,
             replicas=replicas,
+            profile_dir=profile_dir,
         )
         fleet.set_rate(0)
         phases.settle(fleet)
@@ -115,12 +119,21 @@ def compare(
     duration_s: float,
     rounds: int,
     rollout_timeout_s: float = 0.0,
+    profile_dir: Path | None = None,
 ) -> dict[str, Any]:
     runs: dict[int, list[dict[str, Any]]] = {n: [] for n in counts}
     for i in range(rounds):
         turn = i % len(counts)  # the order alternates: neither always runs on a warmer host
         for n in counts[turn:] + counts[:turn]:
-            run = measure(admin_url, n, devices, rate_per_s, duration_s, rollout_timeout_s)
+            run = measure(
+                admin_url,
+                n,
+                devices,
+                rate_per_s,
+                duration_s,
+                rollout_timeout_s,
+                profile_dir / f"{n}-{i}" if profile_dir else None,
+            )
             runs[n].append(run)
             print(f"{n} replica(s): {json.dumps(run)}", file=sys.stderr, flush=True)
     medians = {
@@ -153,6 +166,12 @@ def main(argv: list[str] | None = None) -> None:
         default=0.0,
         help="then a single-wave rollout and its rollback, each within this (0: none)",
     )
+    p.add_argument(
+        "--profile-dir",
+        type=Path,
+        help="run each control plane under cProfile, its profile written here (<replicas>-"
+        "<round>/control-plane-<k>.prof)",
+    )
     args = p.parse_args(argv)
     report = compare(
         args.pg_admin,
@@ -162,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         duration_s=args.duration,
         rounds=args.rounds,
         rollout_timeout_s=args.rollout_timeout_s,
+        profile_dir=args.profile_dir,
     )
     print(json.dumps(report, indent=2))
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import defer
 
 from common.protocol.messages import DeviceStatus, Telemetry, UpdateEvent
 from control_plane.db.bulk import execute_many, insert_ignore, insert_rows, raw_last_seen
@@ -471,7 +472,11 @@ class Ingestor:
         known: dict[str, Device] = {}
         for start in range(0, len(ids), 1000):
             rows = await session.execute(
-                select(Device).where(Device.id.in_(ids[start : start + 1000]))
+                # not its desired state: a signed manifest per model, kilobytes of JSON to
+                # decode for every status a rollout's devices send, and never read here
+                select(Device)
+                .options(defer(Device.desired))
+                .where(Device.id.in_(ids[start : start + 1000]))
             )
             known |= {d.id: d for d in rows.scalars()}
         came_online: list[str] = []

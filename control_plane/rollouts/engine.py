@@ -35,7 +35,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import selectinload
 
-from common.protocol.messages import UpdateEvent
+from common.protocol.messages import ModelManifest, UpdateEvent
 from control_plane.db.models import Device, Rollout, RolloutDevice
 from control_plane.db.session import required_utc
 from control_plane.errors import Conflict, NotFound
@@ -46,6 +46,13 @@ from control_plane.rollouts.events import CHUNK, NEVER_REPORTED, apply_events, m
 from control_plane.rollouts.gates import drift_gate, telemetry_gates
 from control_plane.rollouts.manifests import for_device, rollback_command
 from control_plane.rollouts.plan import plan_rollout
+from control_plane.rollouts.sending import (
+    SEND_CHUNK,
+    YIELD_EVERY,
+    load_devices,
+    pending_chunk,
+    send_unsent,
+)
 from control_plane.rollouts.shadow import shadow_wave, withdraw_shadows
 from control_plane.rollouts.spec import Gates, RolloutSpec
 from control_plane.rollouts.states import (
@@ -56,10 +63,15 @@ from control_plane.rollouts.states import (
     DeviceRolloutState,
     RolloutState,
 )
-from control_plane.rollouts.windows import held_devices, held_reason
 from control_plane.signing.keys import KeyRing
 
 log = logging.getLogger("edgefleet.control_plane.rollouts")
+STEP_SPACING = 3.0
+"""The loop steps a rollout again (for its events, on a tick) no sooner than this many times
+its last step's duration after that step: a step reads the whole rollout, and at tens of
+thousands of devices takes a second or more, so back to back the steps would hold the
+leader's event loop (its ingest, its lease renewals) and the rollout's row most of the time.
+Small rollouts' steps take milliseconds: this spaces them no further."""
 
 
 class RolloutEngine:
@@ -74,9 +86,12 @@ class RolloutEngine:
         artifact_base_url: str,
         tick_s: float,
         leadership: Leadership,
+        send_chunk: int = SEND_CHUNK,
     ) -> None:
         """``leadership``: this engine's loop runs on the replica that leads (see
-        :mod:`control_plane.leadership`); its steps commit only under the leader's epoch."""
+        :mod:`control_plane.leadership`); its steps commit only under the leader's epoch.
+        ``send_chunk``: devices sent their manifests per transaction
+        (:mod:`control_plane.rollouts.sending`)."""
         self.sessions = sessions
         self.leadership = leadership
         self.bus = bus
@@ -85,6 +100,7 @@ class RolloutEngine:
         self.manifest_ttl_s = manifest_ttl_s
         self.artifact_base_url = artifact_base_url
         self.tick_s = tick_s
+        self.send_chunk = send_chunk
         self._lock = asyncio.Lock()
         self._dirty: set[int] = set()
         """Rollouts that device events moved since their last step."""
@@ -97,6 +113,9 @@ class RolloutEngine:
         """Per rollout, the devices whose rollback command its next step sends again."""
         self._held: list[Callable[[], None]] = []
         """What the step in progress publishes, sent once its transaction committed."""
+        self._rest_until: dict[int, float] = {}
+        """Per rollout, the ``time.monotonic()`` before which the loop does not step it again
+        (:data:`STEP_SPACING`)."""
 
     # -- operator actions -------------------------------------------------------------------
 
@@ -237,7 +256,10 @@ class RolloutEngine:
                     await self._tick()
                 else:
                     for rollout_id in sorted(dirty):
-                        await self._step_logged(rollout_id)
+                        if self._resting(rollout_id):
+                            self._dirty.add(rollout_id)  # stepped once it has rested
+                        else:
+                            await self._step_logged(rollout_id)
             except Exception:
                 # the database restarting must not end the loop: the next tick tries again
                 log.exception("rollout tick failed")
@@ -263,8 +285,12 @@ class RolloutEngine:
                 .all()
             )
         for rollout_id in ids:
-            await self._step_logged(rollout_id)
+            if not self._resting(rollout_id):
+                await self._step_logged(rollout_id)
         await self._count_states()
+
+    def _resting(self, rollout_id: int) -> bool:
+        return time.monotonic() < self._rest_until.get(rollout_id, 0.0)
 
     async def _count_states(self) -> None:
         async with self.sessions() as session:
@@ -319,6 +345,57 @@ class RolloutEngine:
             self._held = []
 
     async def step(self, rollout_id: int) -> None:
+        await self._send_pending(rollout_id)
+        started = time.monotonic()
+        try:
+            await self._step(rollout_id)
+        finally:
+            ended = time.monotonic()
+            self._rest_until[rollout_id] = ended + STEP_SPACING * (ended - started)
+
+    async def _send_pending(self, rollout_id: int) -> None:
+        """Send the current wave's pending devices their manifests, ``send_chunk`` to a
+        transaction, each committed and published before the next (see
+        :mod:`control_plane.rollouts.sending`); the step that follows finds them sent."""
+        after = -1
+        while True:
+            async with self._lock, self._transaction() as session:
+                rollout = (
+                    await session.execute(
+                        select(Rollout).where(Rollout.id == rollout_id).with_for_update()
+                    )
+                ).scalar_one_or_none()
+                if (
+                    rollout is None
+                    or rollout.state is not RolloutState.RUNNING
+                    or rollout.shadow is not None  # its step decides when the wave goes
+                ):
+                    return
+                unsent = await pending_chunk(session, rollout, after, self.send_chunk)
+                if not unsent:
+                    return
+                now = datetime.now(UTC)
+                await send_unsent(
+                    session,
+                    rollout,
+                    unsent,
+                    now,
+                    send=self._send,
+                    ttl_s=self.manifest_ttl_s,
+                    limit=self.send_chunk,
+                )
+                if rollout.wave_started_at is None:
+                    rollout.wave_started_at = now
+                    log.info(
+                        "wave started",
+                        extra={"rollout": rollout.id, "wave": rollout.current_wave},
+                    )
+                rollout.updated_at = now
+            if len(unsent) < self.send_chunk:
+                return
+            after = unsent[-1].position
+
+    async def _step(self, rollout_id: int) -> None:
         async with self._lock, self._transaction() as session:
             rollout = (
                 await session.execute(
@@ -357,7 +434,9 @@ class RolloutEngine:
                 select(Device.id, Device.models).where(Device.id.in_(ids[start : start + CHUNK]))
             )
             reported |= {device_id: models for device_id, models in rows}
-        for rd in waiting:
+        for i, rd in enumerate(waiting, 1):
+            if i % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
             models = reported.get(rd.device_id)
             if models is None:
                 continue
@@ -397,20 +476,18 @@ class RolloutEngine:
             if hold:
                 return None
         if unsent:  # the wave's devices, as their maintenance windows let them start
-            held = await held_devices(session, [rd.device_id for rd in unsent], now)
-            loaded = await _load_devices(session, [rd.device_id for rd in unsent])
-            ahead = timedelta(seconds=self.manifest_ttl_s / 2)  # valid when it opens
-            for rd in unsent:
-                name, opens = held.get(rd.device_id, ("", None))
-                if rd.device_id not in held:
-                    await self._send(session, rollout, rd, now)
-                elif opens is not None and opens - now < ahead:
-                    # it downloads now and switches when the window opens (the device's clock)
-                    await self._send(session, rollout, rd, now, activate_after=opens)
-                    rd.reason = held_reason(name, opens, ahead=True)
-                elif rd.reason != (reason := held_reason(name, opens)):
-                    rd.reason, rd.updated_at = reason, now
-            del loaded
+            left = await send_unsent(
+                session,
+                rollout,
+                unsent,
+                now,
+                send=self._send,
+                ttl_s=self.manifest_ttl_s,
+                limit=self.send_chunk,
+            )
+            if left:  # a wave begun in this step: the next step's chunks send the rest
+                self._dirty.add(rollout.id)
+                self._wake.set()
         if rollout.wave_started_at is None:
             rollout.wave_started_at = now
             log.info(
@@ -510,18 +587,23 @@ class RolloutEngine:
         rollout: Rollout,
         rd: RolloutDevice,
         now: datetime,
+        base: ModelManifest | None = None,
         *,
         activate_after: datetime | None = None,
     ) -> None:
-        """Send ``rd`` its manifest; with ``activate_after``, its device timeout counts from
-        then."""
+        """Send ``rd`` its manifest (``base``: the rollout's, validated once for a chunk);
+        with ``activate_after``, its device timeout counts from then."""
         device = await session.get(Device, rd.device_id)
         if device is None:
             rd.state = DeviceRolloutState.TIMED_OUT
             rd.reason = "device no longer in the inventory"
             return
         manifest = for_device(
-            rollout.manifest, device.id, now, self.manifest_ttl_s, activate_after=activate_after
+            base or rollout.manifest,
+            device.id,
+            now,
+            self.manifest_ttl_s,
+            activate_after=activate_after,
         )
         device.desired = {**device.desired, rollout.model: self.keys.sign_message(manifest)}
         rd.state, rd.sent_at, rd.updated_at = DeviceRolloutState.SENT, activate_after or now, now
@@ -546,8 +628,10 @@ class RolloutEngine:
         restore = [rd.device_id for rd in rollout.devices if rd.state in touched]
         resend = self._resend.pop(rollout.id, set())
         self._rolling_back.add(rollout.id)
-        loaded = await _load_devices(session, restore)  # noqa: F841 (kept while used)
-        for rd in rollout.devices:
+        loaded = await load_devices(session, restore)  # noqa: F841 (kept while used)
+        for i, rd in enumerate(rollout.devices, 1):
+            if i % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # the lease renewed meanwhile (see YIELD_EVERY)
             if rd.state is DeviceRolloutState.PENDING:
                 rd.state = DeviceRolloutState.SKIPPED
                 rd.reason = "not reached before the rollback"
@@ -617,17 +701,6 @@ class RolloutEngine:
                 ttl_s=max(rollout.device_timeout_s, 3600),
             )
         )
-
-
-async def _load_devices(session: AsyncSession, device_ids: list[str]) -> list[Device]:
-    """Load these devices into the session in a few queries, so the ``session.get`` per device
-    that follows finds them there instead of asking the database once per device. (The
-    session's identity map holds objects weakly: keep the list while they are used.)"""
-    devices: list[Device] = []
-    for start in range(0, len(device_ids), CHUNK):
-        chunk = device_ids[start : start + CHUNK]
-        devices += (await session.execute(select(Device).where(Device.id.in_(chunk)))).scalars()
-    return devices
 
 
 def _rollout_ids(events: list[UpdateEvent]) -> list[int]:

@@ -74,7 +74,7 @@ def build_manifest(
 
 
 def for_device(
-    stored: dict[str, Any],
+    stored: dict[str, Any] | ModelManifest,
     device_id: str,
     now: datetime,
     ttl_s: float,
@@ -83,8 +83,10 @@ def for_device(
 ) -> ModelManifest:
     """A rollout's stored manifest for one device, dated ``now``: a wave started or resumed
     weeks after the rollout's creation must not send a manifest past its expiry.
-    ``activate_after``: when its maintenance window opens (it downloads ahead)."""
-    return ModelManifest.model_validate(stored).model_copy(
+    ``activate_after``: when its maintenance window opens (it downloads ahead). ``stored``
+    validated once (a :class:`ModelManifest`) serves a whole wave."""
+    base = stored if isinstance(stored, ModelManifest) else ModelManifest.model_validate(stored)
+    return base.model_copy(
         update={
             "target": TargetSelector(device_ids=[device_id]),
             "issued_at": now,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import Device, Model, Rollout, RolloutDevice
@@ -99,21 +99,26 @@ async def plan_rollout(
         ttl_s=manifest_ttl_s,
     ).model_dump(mode="json")
     bounds = wave_bounds(spec.waves, len(targets))
+    rows = []
     for position, device in enumerate(targets[: bounds[-1]]):  # beyond the last wave: untouched
         wave = next(i for i, b in enumerate(bounds) if position < b)
         served = {m["model"]: m["version"] for m in device.models}
-        session.add(
-            RolloutDevice(
-                rollout_id=rollout.id,
-                device_id=device.id,
-                position=position,
-                wave=wave,
-                state=DeviceRolloutState.PENDING,
-                previous_version=served.get(spec.model),
-                previous_desired=device.desired.get(spec.model),
-                reason="",
-            )
+        rows.append(
+            {
+                "rollout_id": rollout.id,
+                "device_id": device.id,
+                "position": position,
+                "wave": wave,
+                "state": DeviceRolloutState.PENDING,
+                "previous_version": served.get(spec.model),
+                "previous_desired": device.desired.get(spec.model),
+                "reason": "",
+            }
         )
+    # one bulk INSERT (rows many to a statement), not an object per row through the unit of
+    # work: a rollout to 20,000 devices spent seconds there before its first manifest went out
+    if rows:
+        await session.execute(insert(RolloutDevice), rows)
     return rollout.id
 
 

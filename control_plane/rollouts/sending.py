@@ -1,0 +1,112 @@
+"""A wave's manifests sent a chunk at a time.
+
+The devices of a wave get their manifests in transactions of at most :data:`SEND_CHUNK`
+devices, each committed and published before the next is signed (the rollout engine's
+``_send_pending``). With the whole wave in one transaction, a wave of 20,000 devices held
+the rollout's row and every device's row for the seconds it took to sign and write them all:
+ingest on every replica waited behind it (its presence and ``last_seen`` updates touch the
+same device rows), no device started before the last was signed, and a transaction that
+outlived the leader's lease (its renewals wait for the event loop that the signing holds) was
+refused whole at its fence and begun again from nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from common.protocol.messages import ModelManifest
+from control_plane.db.models import Device, Rollout, RolloutDevice
+from control_plane.rollouts.events import CHUNK
+from control_plane.rollouts.states import DeviceRolloutState
+from control_plane.rollouts.windows import held_devices, held_reason
+
+SEND_CHUNK = 1000
+"""Devices sent their manifest per transaction by default (``rollout_send_chunk_devices``):
+about 0.3 s of signing and writing on the benchmark's host."""
+
+YIELD_EVERY = 100
+"""Devices handled between two turns given back to the event loop in a loop over a wave: a
+loop over thousands of devices that never awaits I/O holds the loop for seconds, and the
+leader's lease renewals with it, until its own fence finds the lease lapsed and refuses the
+whole transaction (which is then begun again, and refused again)."""
+
+Send = Callable[..., Awaitable[None]]
+"""``RolloutEngine._send``: ``(session, rollout, row, now, base, *, activate_after=...)``."""
+
+
+async def pending_chunk(
+    session: AsyncSession, rollout: Rollout, after: int, limit: int = SEND_CHUNK
+) -> list[RolloutDevice]:
+    """The next ``limit`` rows of the rollout's current wave still pending, past
+    position ``after`` (devices a closed maintenance window holds stay pending: the next
+    chunk starts after them)."""
+    rows = await session.execute(
+        select(RolloutDevice)
+        .where(
+            RolloutDevice.rollout_id == rollout.id,
+            RolloutDevice.wave == rollout.current_wave,
+            RolloutDevice.state == DeviceRolloutState.PENDING,
+            RolloutDevice.position > after,
+        )
+        .order_by(RolloutDevice.position)
+        .limit(limit)
+    )
+    return list(rows.scalars())
+
+
+async def send_unsent(
+    session: AsyncSession,
+    rollout: Rollout,
+    unsent: list[RolloutDevice],
+    now: datetime,
+    *,
+    send: Send,
+    ttl_s: float,
+    limit: int = SEND_CHUNK,
+) -> int:
+    """Send ``unsent`` their manifests, as their maintenance windows let them start, at most
+    ``limit`` of them; how many that leaves unsent for want of the limit (the caller steps
+    again for those)."""
+    held = await held_devices(session, [rd.device_id for rd in unsent], now)
+    ready = [rd for rd in unsent if rd.device_id not in held]
+    ahead = timedelta(seconds=ttl_s / 2)  # valid when it opens
+    early = [
+        rd
+        for rd in unsent
+        if (opens := held.get(rd.device_id, ("", None))[1]) is not None and opens - now < ahead
+    ]
+    going = {rd.device_id for rd in (ready + early)[:limit]}
+    loaded = await load_devices(session, sorted(going))
+    base = ModelManifest.model_validate(rollout.manifest)  # once, not once per device
+    for i, rd in enumerate(unsent, 1):
+        if i % YIELD_EVERY == 0:
+            await asyncio.sleep(0)
+        name, opens = held.get(rd.device_id, ("", None))
+        if rd.device_id not in held:
+            if rd.device_id in going:
+                await send(session, rollout, rd, now, base)
+        elif opens is not None and opens - now < ahead:
+            if rd.device_id in going:
+                # it downloads now and switches when the window opens (the device's clock)
+                await send(session, rollout, rd, now, base, activate_after=opens)
+                rd.reason = held_reason(name, opens, ahead=True)
+        elif rd.reason != (reason := held_reason(name, opens)):
+            rd.reason, rd.updated_at = reason, now
+    del loaded
+    return len(ready) + len(early) - len(going)
+
+
+async def load_devices(session: AsyncSession, device_ids: list[str]) -> list[Device]:
+    """Load these devices into the session in a few queries, so the ``session.get`` per device
+    that follows finds them there instead of asking the database once per device. (The
+    session's identity map holds objects weakly: keep the list while they are used.)"""
+    devices: list[Device] = []
+    for start in range(0, len(device_ids), CHUNK):
+        chunk = device_ids[start : start + CHUNK]
+        devices += (await session.execute(select(Device).where(Device.id.in_(chunk)))).scalars()
+    return devices
