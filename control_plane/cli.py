@@ -375,6 +375,13 @@ def register_operator_commands(root: click.Group) -> None:
         "it waits for traffic).",
     )
     @click.option(
+        "--max-drift",
+        type=click.FloatRange(min=0, min_open=True),
+        help="Pause (not roll back) when the input drift (largest PSI of any feature against "
+        "the version's reference set) on the waves' devices passes this; 0.2 is a common "
+        "threshold. Off by default.",
+    )
+    @click.option(
         "--shadow",
         "shadow_share",
         type=float,
@@ -408,6 +415,7 @@ def register_operator_commands(root: click.Group) -> None:
         min_requests: int,
         max_rejections: int,
         allow_unjudged: bool,
+        max_drift: float | None,
         shadow_share: float | None,
         min_agreement: float,
         shadow_min_requests: int,
@@ -429,6 +437,7 @@ def register_operator_commands(root: click.Group) -> None:
                 "min_requests": min_requests,
                 "max_rejections": max_rejections,
                 "allow_unjudged": allow_unjudged,
+                "max_drift": max_drift,
             },
         }
         if shadow_share is not None:

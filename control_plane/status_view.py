@@ -53,6 +53,11 @@ def gate_words(doc: dict[str, Any]) -> str | None:
     ]
     if report.get("p99_ratio") is not None:
         parts.append(f"p99 {report['p99_ratio']:.2f}x (limit {gates['max_p99_ratio']:g}x)")
+    if (drift := report.get("drift")) and drift.get("psi") is not None:
+        parts.append(
+            f"input drift PSI {drift['psi']:.3f} on {drift['feature']} at {drift['device_id']} "
+            f"(limit {drift['max_drift']:g})"
+        )
     return "gates: " + ", ".join(parts)
 
 

@@ -41,6 +41,31 @@ def register_quality_commands(models: click.Group) -> None:
         else:
             echo_optimisation(report, err=False)
 
+    @models.command("drift")
+    @click.argument("name")
+    @click.argument("version", type=int)
+    @click.option("--json", "as_json", is_flag=True, help="Print the control plane's document.")
+    @connected
+    def drift(name: str, version: int, as_json: bool) -> None:
+        """Input drift of a version against its reference set: the fleet's recent windows
+        and each device's, worst first (largest PSI of any feature, KS, Wasserstein)."""
+        doc = Api.connect().call("GET", f"/api/v1/models/{name}/versions/{version}/drift")
+        if as_json:
+            click.echo(json.dumps(doc, indent=2))
+            return
+        rows = [r for r in (doc["fleet"], *doc["devices"]) if r is not None]
+        if not rows:
+            why = "" if doc["reference"] else ": the version has no reference set"
+            click.echo(f"{name} v{version}: no drift judged yet{why}")
+        for r in rows:
+            where = "fleet" if r["device_id"] == "*" else r["device_id"]
+            flag = f"OVER {doc['psi_threshold']:g}" if r["over_threshold"] else "ok"
+            click.echo(
+                f"{where}: {flag}  PSI {r['psi']:.3f} on {r['feature']}, KS {r['ks']:.3f}, "
+                f"Wasserstein {r['wasserstein']:.3g}; {r['rows']:.0f} rows, "
+                f"{r['windows']} windows"
+            )
+
 
 def variant_line(variant: dict[str, Any]) -> str:
     """One variant as `models list` prints it: for an optimised one its accuracy against FP32,

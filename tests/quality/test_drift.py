@@ -187,6 +187,11 @@ def test_shifted_traffic_pauses_the_rollout_and_unshifted_does_not(
         line = 'edgefleet_input_drift_psi{device="max",model="digits",version="3"}'
         (value,) = [float(x.split()[-1]) for x in metrics.splitlines() if x.startswith(line)]
         assert value > THRESHOLD
+        # what the operator sees
+        shown = edgefleet(cp, "models", "drift", "digits", "3")
+        assert shown.returncode == 0 and f"drift-box: OVER {THRESHOLD:g}  PSI " in shown.stdout
+        status = edgefleet(cp, "rollouts", "status", str(second))
+        assert "paused (input drift: PSI" in status.stdout, status.stdout
         # a viewer reads it, in the API and on the console's model page
         token = cp.token("viewer")
         with cp.client(token) as viewer:

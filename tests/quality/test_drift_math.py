@@ -144,3 +144,22 @@ def test_sketches_cross_the_wire_and_the_fast_decoder() -> None:
     (got,) = fast.models[0].inputs
     assert InputSketch.model_validate(got, from_attributes=True) == sketches[0]
     assert len(payload) < 8_000  # 9 sketches of 50 rows of normal values, 2 % bins
+
+
+def test_the_rollout_status_names_the_drift_gates_numbers() -> None:
+    from control_plane.status_view import gate_words
+
+    doc = {
+        "current_wave": 0,
+        "gates": {"max_error_rate": 0.01, "max_p99_ratio": 2.0, "min_requests": 20},
+        "gate_report": {
+            "0": {
+                "requests": 300,
+                "errors": 0,
+                "error_rate": 0.0,
+                "drift": {"psi": 0.031, "feature": "input[4]", "device_id": "d1", "max_drift": 0.2},
+            }
+        },
+    }
+    words = gate_words(doc)
+    assert words is not None and "input drift PSI 0.031 on input[4] at d1 (limit 0.2)" in words
