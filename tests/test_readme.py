@@ -19,7 +19,7 @@ def _commands() -> list[str]:
 def test_readme_has_a_demo_command_and_a_test_command() -> None:
     demo, test = _commands()[:2]
     assert demo.endswith("edgefleet demo")
-    assert test.endswith("python -m pytest")
+    assert test.endswith("python -m pytest -n 2")
 
 
 def test_ci_runs_the_readme_test_command_verbatim() -> None:

@@ -167,7 +167,9 @@ def test_many_messages_arrive_in_order_through_a_small_receive_maximum(
         )
         await sub.subscribe([("many/#", 1)])
         pub = await connect(HOST, mosquitto.port, "pub-many", Inbox(), clean_start=True)
-        await asyncio.gather(*(pub.publish("many/x", b"%d" % i) for i in range(count)))
+        # each publish's timeout covers its wait for a slot: the last of 5,000 waits longest
+        sends = (pub.publish("many/x", b"%d" % i, timeout_s=60) for i in range(count))
+        await asyncio.gather(*sends)
         await inbox.until(count, timeout_s=30)
         await close_and_wait(pub)
         await close_and_wait(sub)

@@ -81,11 +81,13 @@ def test_a_spec_edit_the_rollout_cannot_take_is_reported_not_observed_fake_k8s_a
         )
         assert conditions(kube.get("mlp-v2")["status"])["SpecApplied"] == ("True", "Applied")
         assert served(b) == "1"  # wave 2 never started: the hour-long bake still holds it
-        # nothing more is written while nothing changes (an absence: waited for as five
-        # status intervals of 0.2 s)
+        # nothing is written that did not change (an absence: waited for as five status
+        # intervals of 0.2 s). A late device event may still change a count on a loaded host,
+        # so each write is compared with the one before it, not merely counted
         writes = len(kube.status_patches)
         time.sleep(1.0)
-        assert len(kube.status_patches) == writes, kube.status_patches[writes:]
+        later = kube.status_patches[writes - 1 :]
+        assert all(a != b for a, b in zip(later, later[1:], strict=False)), later
 
 
 @pytest.mark.slow
