@@ -49,6 +49,7 @@ log = logging.getLogger("edgefleet.control_plane.drift")
 FLEET = "*"
 """The ``device_id`` of the fleet-wide row."""
 PRUNE_WEIGHT = 1e-3
+PRUNE_INTERVAL_S = 60.0
 
 
 @dataclass
@@ -133,8 +134,11 @@ class DriftMonitor:
         self._last_seq: dict[str, int] = {}
         self._fleet_at: dict[tuple[str, int], float] = {}
         self._references: dict[tuple[str, int], _Reference | None] = {}
-        self._psi: dict[tuple[str, int, str], float] = {}
-        """The latest largest PSI per device (and the fleet), for the gauges and alerts."""
+        self._psi: dict[tuple[str, int], dict[str, float]] = {}
+        """Per model version: the latest largest PSI of each device, for the worst's gauge."""
+        self._seen: dict[tuple[str, int, str], float] = {}
+        """When each device's windows of a version were last merged (monotonic)."""
+        self._pruned_at = time.monotonic()
         self._fleet_over: dict[tuple[str, int], bool] = {}
         self.dropped = 0
 
@@ -172,6 +176,11 @@ class DriftMonitor:
                     self._held.setdefault(key, _Held()).merge(m.inputs, self.settings.decay)
                     touched.add(key)
         now = time.monotonic()
+        for key in touched:
+            self._seen[key] = now
+        if now - self._pruned_at > PRUNE_INTERVAL_S:
+            self._forget(now - self.settings.forget_after_s)
+            self._pruned_at = now
         versions = {(model, version) for model, version, _ in touched}
         for mv in versions:
             if now - self._fleet_at.get(mv, -1e18) >= self.settings.fleet_interval_s:
@@ -274,12 +283,20 @@ class DriftMonitor:
                 self._alert(model, version, device_id, worst, windows, threshold)
         for (model, version, device_id), _, _, drifts in judged:
             worst_psi = max(d.psi for d in drifts)
-            self._psi[(model, version, device_id)] = worst_psi
             if device_id == FLEET:
                 self.metrics.drift_psi.labels(model, str(version), FLEET).set(worst_psi)
             else:
-                devices = [p for k, p in self._psi.items() if k[:2] == (model, version)]
-                self.metrics.drift_psi.labels(model, str(version), "max").set(max(devices))
+                self._psi.setdefault((model, version), {})[device_id] = worst_psi
+        for model, version in {(m, v) for (m, v, d), _, _, _ in judged if d != FLEET}:
+            largest = max(self._psi[(model, version)].values())
+            self.metrics.drift_psi.labels(model, str(version), "max").set(largest)
+
+    def _forget(self, before: float) -> None:
+        """Drop what is held of device versions not heard from since ``before``."""
+        for key in [k for k, at in self._seen.items() if at < before]:
+            del self._seen[key]
+            self._held.pop(key, None)
+            self._psi.get(key[:2], {}).pop(key[2], None)
 
     def _alert(
         self,

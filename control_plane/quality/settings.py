@@ -28,5 +28,8 @@ class DriftSettings(BaseModel):
     fleet_interval_s: float = Field(default=10.0, ge=0)
     """How often the fleet-wide drift of a version (every device's windows merged) is
     recomputed at most."""
+    forget_after_s: float = Field(default=3600.0, gt=0)
+    """A device's windows of a version it has not sent sketches of for this long are
+    dropped from memory (its stored drift stays)."""
     queue_limit: int = Field(default=10_000, ge=1)
     """Telemetry messages with sketches waiting to be judged; more are dropped (counted)."""
