@@ -39,7 +39,10 @@ from common.protocol.topics import Topics
 
 REQUEST_TIMEOUT_S = 120.0
 RECONNECT_MIN_S, RECONNECT_MAX_S = 0.5, 30.0
-"""The agent's defaults (``fleet.reconnect_min_s``, ``reconnect_max_s``)."""
+ENROL_RETRY_MAX_S = 300.0
+LOGIN_DEADLINE_S = 600.0
+"""A device still refused this long after the start counts as failed (the agent never stops)."""
+"""The agent's defaults (``fleet.reconnect_min_s``, ``reconnect_max_s``, ``enrol_retry_max_s``)."""
 
 
 class Answer:
@@ -114,6 +117,7 @@ class EnrolSim:
         )
         headers = {"content-type": "application/json", "authorization": f"Bearer {self.token}"}
         url = self.args.url.rstrip("/") + ENROL_PATH
+        delay = RECONNECT_MIN_S
         while True:
             async with gate:
                 resp = await asyncio.wait_for(post(url, body, headers), REQUEST_TIMEOUT_S)
@@ -124,6 +128,9 @@ class EnrolSim:
                 wait = answer.retry_after_s or 1.0
             elif resp.status_code in (429, 503) and (after := retry_after_s(resp)) is not None:  # type: ignore[arg-type]
                 wait = jittered_retry_after(after)
+            elif resp.status_code >= 500:  # as the agent: again, doubling up to its maximum
+                wait = delay * random.uniform(0.8, 1.2)
+                delay = min(ENROL_RETRY_MAX_S, delay * 2)
             else:
                 raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
             key = str(resp.status_code)
@@ -143,17 +150,21 @@ class EnrolSim:
                     f"edgefleet-agent-{device_id}",
                     dev.on_message,
                     clean_session=False,
+                    # no pings are sent here: 0 s, none expected (a 60 s keepalive unanswered
+                    # had the broker drop every device 90 s after it joined)
+                    keepalive_s=0,
                     will=(dev.status_topic, dev.status(online=False), 1, True),
                     login=(answer.username, answer.password),
                 )
                 break
             except mqttlite.MqttLiteError as exc:
                 # a password file's broker knows the device once it has reloaded
-                if "return code 5" not in str(exc) or delay > RECONNECT_MAX_S:
+                late = time.monotonic() - self.started > LOGIN_DEADLINE_S
+                if "return code 5" not in str(exc) or late:
                     raise
                 self.refused_logins += 1
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay *= 2
+                delay = min(RECONNECT_MAX_S, delay * 2)
         dev.conn = conn
         self.devices.append(dev)
         # as the agent: the trust root first, then its own topics, then the birth

@@ -29,7 +29,9 @@ class EnrolmentSettings(BaseModel):
     a ``Retry-After`` that spreads the refused devices at this rate."""
     admit_burst_requests: int = Field(default=400, ge=1)
     """Requests admitted at once before the rate applies (the bucket's size)."""
-    max_in_flight_requests: int = Field(default=128, ge=1)
-    """Enrolment requests being answered at once; beyond it, 429."""
+    max_in_flight_requests: int = Field(default=16, ge=1)
+    """Enrolment requests being answered at once; beyond it, 429. Below the database pool's
+    20 connections: at 128, 5,000 devices at once left requests waiting 30 s for a connection
+    and failing (benchmarks/fleet/enrolment.py)."""
     max_retry_after_s: float = Field(default=300.0, ge=1)
     """The longest ``Retry-After`` a refused device is told."""
