@@ -24,6 +24,8 @@ from control_plane.api.deps import (
     json_response,
     services,
 )
+from control_plane.api.device_sql import DeviceFilter, presence_sql
+from control_plane.api.device_sql import summary as fleet_summary
 from control_plane.db.models import (
     Device,
     DeviceSample,
@@ -104,9 +106,38 @@ def _selector(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+CURSOR = Query(
+    default=None,
+    pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+    description="only devices after this id (the last id of the previous page)",
+)
+
+
+def _filter(
+    label: list[str],
+    profile: str | None,
+    trust_root_version: int | None,
+    online: bool | None,
+    presence: Presence | None,
+    model: str | None,
+    model_version: int | None,
+) -> DeviceFilter:
+    if model_version is not None and not model:
+        raise Invalid("model_version: give the model too")
+    return DeviceFilter(
+        _selector(label), profile, trust_root_version, online, presence, model, model_version
+    )
+
+
+def _presence_sql(request: Request, now: datetime) -> Any:
+    metrics = services(request).metrics
+    return presence_sql(metrics.silence, now, metrics.hearing_since)
+
+
 @router.get(
     "/devices",
-    summary="Devices, filtered by labels (label=key=value), profile, presence and trust root",
+    summary="Devices, filtered by labels (label=key=value), profile, presence, trust root and "
+    "served model (version); paged with limit and after",
 )
 async def list_devices(
     request: Request,
@@ -119,26 +150,58 @@ async def list_devices(
         default=None, description="online: its last status says so and it was heard lately"
     ),
     presence: Presence | None = None,
+    model: str | None = Query(default=None, description="only devices serving this model"),
+    model_version: int | None = Query(
+        default=None, ge=0, le=INT32_MAX, description="and that version of it"
+    ),
+    limit: int | None = Query(
+        default=None, ge=1, le=1000, description="devices per page (none: every match)"
+    ),
+    after: str | None = CURSOR,
     s: AsyncSession = SESSION,
     _: Principal = VIEWER,
 ) -> Response:
-    wanted = _selector(label)
+    wanted = _filter(label, profile, trust_root_version, online, presence, model, model_version)
     now = datetime.now(UTC)
-    docs = []
-    query = select(Device).order_by(Device.id)
-    if trust_root_version is not None:
-        query = query.where(Device.trust_root_version == trust_root_version)
-    for d in (await s.execute(query)).scalars():
-        if any(d.labels.get(k) != v for k, v in wanted.items()) or (
-            profile is not None and d.hardware_profile != profile
-        ):
-            continue
-        state = presence_of(request, d, now)
-        if (online is None or (state is Presence.ONLINE) == online) and (
-            presence is None or state is presence
-        ):
-            docs.append(device_doc(d, state))
-    return json_response(docs)
+    state = _presence_sql(request, now)
+    # the filters, presence included, are the database's: a page reads its own rows only
+    query = select(Device, state).where(*wanted.where(s.get_bind().dialect.name, state))
+    if after is not None:
+        query = query.where(Device.id > after)
+    query = query.order_by(Device.id)
+    if limit is not None:
+        query = query.limit(limit + 1)  # one more: is there a next page?
+    rows = (await s.execute(query)).all()
+    docs = [device_doc(d, Presence(p)) for d, p in rows[:limit]]
+    if limit is None or len(rows) <= limit:
+        return json_response(docs)
+    # NOTE: the next page's address in a Link header (RFC 8288), as GitHub's API gives it;
+    # the body stays a list, as without limit
+    following = request.url.include_query_params(after=docs[-1]["id"])
+    response = json_response(docs)
+    response.headers["Link"] = f'<{following}>; rel="next"'
+    return response
+
+
+@router.get(
+    "/devices/summary",
+    summary="Counts of the devices (filtered as the list is): by profile and presence, by "
+    "label and presence, by served model version",
+)
+async def device_summary(
+    request: Request,
+    label: list[str] = LABELS,
+    profile: str | None = None,
+    presence: Presence | None = None,
+    model: str | None = None,
+    model_version: int | None = Query(default=None, ge=0, le=INT32_MAX),
+    s: AsyncSession = SESSION,
+    _: Principal = VIEWER,
+) -> Response:
+    wanted = _filter(label, profile, None, None, presence, model, model_version)
+    state = _presence_sql(request, datetime.now(UTC))
+    doc = await fleet_summary(s, wanted.where(s.get_bind().dialect.name, state), state)
+    return json_response(doc)
 
 
 @router.get("/devices/{device_id}", summary="One device, with its last telemetry")
