@@ -147,11 +147,13 @@ class RolloutEngine:
         return rollout_id
 
     async def _step_if_leading(self, rollout_id: int) -> None:
-        """Step at once on the leader; on another replica (an operator's request it serves),
-        the leader's next tick steps it."""
+        """Step at once on the leader, with the first chunk of a wave's manifests (the loop
+        sends the rest: an operator's request does not wait for a whole wave's signatures);
+        on another replica (an operator's request it serves), the leader's next tick steps
+        it."""
         if self.leadership.leading:
             with contextlib.suppress(Fenced):
-                await self.step(rollout_id)
+                await self.step(rollout_id, chunks=1)
 
     async def pause(self, rollout_id: int) -> None:
         await self._transition(rollout_id, {RolloutState.RUNNING}, RolloutState.PAUSED)
@@ -344,8 +346,14 @@ class RolloutEngine:
         finally:
             self._held = []
 
-    async def step(self, rollout_id: int) -> None:
-        await self._send_pending(rollout_id)
+    async def step(self, rollout_id: int, *, chunks: int | None = None) -> None:
+        """Send the current wave's pending devices their manifests, then step the rollout.
+        ``chunks``: send at most that many chunks; if devices are left, the loop sends them
+        and steps the rollout then."""
+        if await self._send_pending(rollout_id, chunks):
+            self._dirty.add(rollout_id)
+            self._wake.set()
+            return
         started = time.monotonic()
         try:
             await self._step(rollout_id)
@@ -353,11 +361,12 @@ class RolloutEngine:
             ended = time.monotonic()
             self._rest_until[rollout_id] = ended + STEP_SPACING * (ended - started)
 
-    async def _send_pending(self, rollout_id: int) -> None:
+    async def _send_pending(self, rollout_id: int, chunks: int | None = None) -> bool:
         """Send the current wave's pending devices their manifests, ``send_chunk`` to a
         transaction, each committed and published before the next (see
-        :mod:`control_plane.rollouts.sending`); the step that follows finds them sent."""
-        after = -1
+        :mod:`control_plane.rollouts.sending`); the step that follows finds them sent.
+        Whether it stopped at ``chunks`` chunks with devices maybe left."""
+        after, sent = -1, 0
         while True:
             async with self._lock, self._transaction() as session:
                 rollout = (
@@ -370,10 +379,10 @@ class RolloutEngine:
                     or rollout.state is not RolloutState.RUNNING
                     or rollout.shadow is not None  # its step decides when the wave goes
                 ):
-                    return
+                    return False
                 unsent = await pending_chunk(session, rollout, after, self.send_chunk)
                 if not unsent:
-                    return
+                    return False
                 now = datetime.now(UTC)
                 await send_unsent(
                     session,
@@ -392,8 +401,10 @@ class RolloutEngine:
                     )
                 rollout.updated_at = now
             if len(unsent) < self.send_chunk:
-                return
-            after = unsent[-1].position
+                return False
+            after, sent = unsent[-1].position, sent + 1
+            if chunks is not None and sent >= chunks:
+                return True
 
     async def _step(self, rollout_id: int) -> None:
         async with self._lock, self._transaction() as session:
