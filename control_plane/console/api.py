@@ -4,6 +4,7 @@ process with the operator's token, so every read and action passes the routes' o
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 from starlette.types import ASGIApp
@@ -25,6 +26,10 @@ class ConsoleApi:
         self._headers = {"Authorization": f"Bearer {token}"}
 
     async def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        resp = await self._send(method, path, **kwargs)
+        return resp.json() if resp.content else None
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         resp = await self._client.request(method, path, headers=self._headers, **kwargs)
         if resp.status_code >= 400:
             try:
@@ -33,10 +38,18 @@ class ConsoleApi:
             except (ValueError, KeyError, TypeError):
                 message, code = resp.text[:200] or resp.reason_phrase, ""
             raise ApiRefused(resp.status_code, message, code)
-        return resp.json() if resp.content else None
+        return resp
 
     async def get(self, path: str, **params: Any) -> Any:
         return await self.call("GET", path, params={k: v for k, v in params.items() if v})
+
+    async def page(self, path: str, **params: Any) -> tuple[list[Any], str | None]:
+        """A page of a paged list and the ``after`` of the next one (none: the last page),
+        from the ``Link: <...>; rel="next"`` header."""
+        resp = await self._send("GET", path, params={k: v for k, v in params.items() if v})
+        link = resp.links.get("next")
+        following = parse_qs(urlsplit(link["url"]).query).get("after") if link else None
+        return resp.json(), following[-1] if following else None
 
 
 def in_process_client(app: ASGIApp) -> httpx.AsyncClient:

@@ -16,13 +16,13 @@ router = APIRouter(prefix="/ui", include_in_schema=False)
 
 @router.get("/")
 async def overview(request: Request, who: Operator = OPERATOR) -> Response:
-    devices = await who.api.get("/api/v1/devices")
+    summary = await who.api.get("/api/v1/devices/summary")  # counted by the database
     rollouts = await who.api.get("/api/v1/rollouts", limit=50)
     return render(
         request,
         "overview.html",
         who,
-        counts=views.fleet_counts(devices),
+        counts=views.fleet_counts(summary),
         presences=views.PRESENCES,
         rollouts=views.active_rollouts(rollouts),
     )
@@ -35,31 +35,43 @@ async def devices(
     profile: str = "",
     presence: str = "",
     model: str = Query(default="", description="model or model:version"),
-    page: int = Query(default=1, ge=1, le=10**6),
+    after: str = Query(default="", max_length=128, description="the API's cursor"),
+    page: int = Query(default=1, ge=1, le=10**6, description="the page's number, as shown"),
     who: Operator = OPERATOR,
 ) -> Response:
-    # label, profile and presence are the API's own filters; the served version is the console's
+    # every filter is the API's, and so is the paging: a page reads a page of devices
     labels = [p.strip() for p in label.split(",") if p.strip()]
     if presence and presence not in views.PRESENCES:
         raise BadForm(400, f"state: one of {', '.join(views.PRESENCES)}, not {presence!r}")
-    found = await who.api.get(
+    try:
+        served, number = views.model_filter(model) if model else ("", None)
+    except ValueError as exc:
+        raise BadForm(400, str(exc)) from exc
+    version = None if number is None else str(number)  # "0" too: the client drops falsy values
+    filters = {"label": labels, "profile": profile, "presence": presence, "model": served}
+    found, next_after = await who.api.page(
         "/api/v1/devices",
-        label=labels,
-        profile=profile,
-        presence=presence,
+        **filters,
+        model_version=version,
+        limit=views.PAGE_SIZE,
+        after=after,
     )
-    if model:
-        found = [d for d in found if views.serves(d, model)]
+    matching = await who.api.get("/api/v1/devices/summary", **filters, model_version=version)
     filtered = any((label, profile, presence, model))
-    everyone = await who.api.get("/api/v1/devices") if filtered else found
+    everyone = await who.api.get("/api/v1/devices/summary") if filtered else matching
     return render(
         request,
         "devices.html",
         who,
-        page=views.page_of(found, page),
+        page=views.Page(
+            found,
+            page if after else 1,
+            sum(r["devices"] for r in matching["presence"]),
+            next_after,
+        ),
         filters={"label": label, "profile": profile, "presence": presence, "model": model},
         presences=views.PRESENCES,
-        profiles=sorted({d["hardware_profile"] for d in everyone if d["hardware_profile"]}),
+        profiles=sorted({r["hardware_profile"] for r in everyone["presence"]} - {None}),
     )
 
 

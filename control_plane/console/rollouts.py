@@ -147,11 +147,11 @@ async def act(request: Request, rollout_id: int, action: str, who: Operator = OP
 
 async def _form_choices(who: Operator) -> dict[str, Any]:
     models = await who.api.get("/api/v1/models")
-    devices = await who.api.get("/api/v1/devices")
+    summary = await who.api.get("/api/v1/devices/summary")
     return {
         "models": models,
-        "profiles": sorted({d["hardware_profile"] for d in devices if d["hardware_profile"]}),
-        "fleet": views.fleet_counts(devices),
+        "profiles": sorted({r["hardware_profile"] for r in summary["presence"]} - {None}),
+        "fleet": views.fleet_counts(summary),
     }
 
 

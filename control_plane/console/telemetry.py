@@ -49,8 +49,8 @@ def _model_versions(values: list[str]) -> list[tuple[str, int]]:
 async def page(
     request: Request, mv: list[str] = MODEL_VERSIONS, who: Operator = OPERATOR
 ) -> Response:
-    devices = await who.api.get("/api/v1/devices")
-    served = views.fleet_counts(devices).versions
+    summary = await who.api.get("/api/v1/devices/summary")
+    served = views.fleet_counts(summary).versions
     running = [f"{m}:{v}" for m, versions in served.items() for v in versions]
     chosen = _model_versions(mv or running)
     keys = [f"{m}:{v}" for m, v in chosen]

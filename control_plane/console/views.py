@@ -30,19 +30,19 @@ class FleetCounts:
     """Devices serving each version, per model."""
 
 
-def fleet_counts(devices: Iterable[dict[str, Any]]) -> FleetCounts:
+def fleet_counts(summary: dict[str, Any]) -> FleetCounts:
+    """The overview's tables, from the API's ``/api/v1/devices/summary`` (its GROUP BYs)."""
     total: Counter[str] = Counter()
     by_profile: defaultdict[str, Counter[str]] = defaultdict(Counter)
     by_label: defaultdict[str, Counter[str]] = defaultdict(Counter)
     versions: defaultdict[str, Counter[int]] = defaultdict(Counter)
-    for d in devices:
-        presence = d["presence"]
-        total[presence] += 1
-        by_profile[d["hardware_profile"] or "?"][presence] += 1
-        for key, value in d["labels"].items():
-            by_label[f"{key}={value}"][presence] += 1
-        for m in d["models"]:
-            versions[m["model"]][m["version"]] += 1
+    for row in summary["presence"]:
+        total[row["presence"]] += row["devices"]
+        by_profile[row["hardware_profile"] or "?"][row["presence"]] += row["devices"]
+    for row in summary["labels"]:
+        by_label[f"{row['key']}={row['value']}"][row["presence"]] += row["devices"]
+    for row in summary["versions"]:
+        versions[row["model"]][row["version"]] += row["devices"]
     common = sorted(by_label, key=lambda k: (-sum(by_label[k].values()), k))[:TOP_LABELS]
     return FleetCounts(
         total,
@@ -56,27 +56,29 @@ def active_rollouts(rollouts: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rollouts if r["state"] in ACTIVE]
 
 
-def serves(device: dict[str, Any], model_version: str) -> bool:
-    """``model_version`` is ``model`` or ``model:version``."""
-    model, _, version = model_version.partition(":")
-    return any(
-        m["model"] == model and (not version or str(m["version"]) == version)
-        for m in device["models"]
-    )
+def model_filter(model_version: str) -> tuple[str, int | None]:
+    """``model`` or ``model:version``, as the API's ``model`` and ``model_version``."""
+    model, sep, version = model_version.partition(":")
+    if not model or (sep and not version.isdigit()):
+        raise ValueError(f"model: expected model or model:version, got {model_version!r}")
+    return model, int(version) if sep else None
 
 
 @dataclass(frozen=True)
 class Page:
+    """One page of the device list, as the API paged it (keyset, on the device id)."""
+
     items: list[dict[str, Any]]
     number: int
-    pages: int
     total: int
+    """Devices that match, on every page."""
+    next_after: str | None
+    """The API's cursor for the next page (none: this is the last)."""
+    size: int = PAGE_SIZE
 
-
-def page_of(items: Sequence[dict[str, Any]], number: int, size: int = PAGE_SIZE) -> Page:
-    pages = max(1, -(-len(items) // size))
-    number = min(max(1, number), pages)
-    return Page(list(items[(number - 1) * size : number * size]), number, pages, len(items))
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total // self.size))
 
 
 PRESENCES = [p.value for p in Presence]

@@ -120,6 +120,8 @@ def test_the_api_checks_the_values_of_a_form(operator: httpx.Client) -> None:
         ("/ui/rollouts/abc", 400, "rollout_id"),
         ("/ui/devices?page=0", 400, "page"),
         ("/ui/devices?presence=asleep", 400, "state: one of online"),
+        ("/ui/devices?model=mlp:x", 400, "model: expected model or model:version"),
+        ("/ui/devices?after=..%2Fdev-a", 400, "after"),
         ("/ui/telemetry?mv=mlp", 400, "expected model:version"),
         ("/ui/rollouts/1/confirm/explode", 404, "no action"),
         ("/ui/models/mlp/versions/99", 404, "99"),

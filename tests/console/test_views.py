@@ -4,49 +4,51 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from control_plane.console import views
 
 
-def device(i: int, presence: str, profile: str | None, models: list[tuple[str, int]]) -> dict:
+def summary(*rows: tuple[str | None, str, int]) -> dict:
+    """The API's summary of devices ``(profile, presence, n)``, each serving mlp v1, labelled
+    site=a."""
     return {
-        "id": f"d{i}",
-        "presence": presence,
-        "hardware_profile": profile,
-        "labels": {"site": "a" if i % 2 else "b"},
-        "models": [{"model": m, "version": v} for m, v in models],
+        "presence": [{"hardware_profile": p, "presence": s, "devices": n} for p, s, n in rows],
+        "labels": [{"key": "site", "value": "a", "presence": s, "devices": n} for _, s, n in rows],
+        "versions": [{"model": "mlp", "version": 1, "devices": sum(n for _, _, n in rows)}],
     }
 
 
 def test_fleet_counts_by_presence_profile_label_and_version() -> None:
-    devices = [
-        device(1, "online", "pi", [("mlp", 1)]),
-        device(2, "silent", "pi", [("mlp", 2)]),
-        device(3, "offline", None, [("mlp", 2), ("cnn", 1)]),
-    ]
-    counts = views.fleet_counts(devices)
-    assert counts.total == {"online": 1, "silent": 1, "offline": 1}
-    assert counts.by_profile == {"?": {"offline": 1}, "pi": {"online": 1, "silent": 1}}
-    assert counts.by_label == {"site=a": {"online": 1, "offline": 1}, "site=b": {"silent": 1}}
-    assert counts.versions == {"cnn": {1: 1}, "mlp": {1: 1, 2: 2}}
+    doc = summary(("pi", "online", 2), ("pi", "silent", 1), (None, "offline", 3))
+    doc["versions"].append({"model": "cnn", "version": 2, "devices": 1})
+    counts = views.fleet_counts(doc)
+    assert counts.total == {"online": 2, "silent": 1, "offline": 3}
+    assert counts.by_profile == {"?": {"offline": 3}, "pi": {"online": 2, "silent": 1}}
+    assert counts.by_label == {"site=a": {"online": 2, "silent": 1, "offline": 3}}
+    assert counts.versions == {"cnn": {2: 1}, "mlp": {1: 6}}
 
 
 def test_the_overview_counts_the_most_common_labels_only() -> None:
-    devices = [device(i, "online", "pi", []) | {"labels": {"n": str(i % 30)}} for i in range(300)]
-    assert len(views.fleet_counts(devices).by_label) == views.TOP_LABELS
+    doc = summary()
+    doc["labels"] = [
+        {"key": "n", "value": str(i), "presence": "online", "devices": i} for i in range(30)
+    ]
+    top = views.fleet_counts(doc).by_label
+    assert len(top) == views.TOP_LABELS and "n=29" in top and "n=0" not in top
 
 
-def test_a_page_of_devices_is_clamped_to_the_pages_there_are() -> None:
-    items = [{"id": i} for i in range(120)]
-    first, last = views.page_of(items, 1), views.page_of(items, 99)
-    assert (first.pages, len(first.items), first.items[0]["id"]) == (3, 50, 0)
-    assert (last.number, len(last.items), last.items[-1]["id"]) == (3, 20, 119)
-    assert views.page_of([], 1).pages == 1
+def test_a_page_counts_the_pages_of_every_match() -> None:
+    assert views.Page([], 1, 120, "d49").pages == 3
+    assert views.Page([], 1, 0, None).pages == 1
 
 
-def test_serves_matches_a_model_or_one_of_its_versions() -> None:
-    d = device(1, "online", "pi", [("mlp", 2)])
-    assert views.serves(d, "mlp") and views.serves(d, "mlp:2")
-    assert not views.serves(d, "mlp:1") and not views.serves(d, "cnn")
+def test_the_model_filter_is_a_model_or_one_of_its_versions() -> None:
+    assert views.model_filter("mlp") == ("mlp", None)
+    assert views.model_filter("mlp:2") == ("mlp", 2)
+    for bad in ("mlp:", "mlp:two", ":2"):
+        with pytest.raises(ValueError, match="model: expected model or model:version"):
+            views.model_filter(bad)
 
 
 def window(received_s: float, requests: int, errors: int, p50: float, p99: float) -> dict:

@@ -6,6 +6,7 @@ model versions and every presence (online, silent: online but long unheard, offl
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -225,3 +226,28 @@ def test_bad_values_are_400s_naming_the_field(start_control_plane: ControlPlaneF
                     resp.json()["error"].startswith(f"query.{field}")
                     or field in resp.json()["error"]
                 ), (path, params, resp.text)
+
+
+def test_the_console_pages_devices_through_the_api(fleet: RunningControlPlane) -> None:
+    token = (fleet.state_dir / "admin-token").read_text().strip()
+    with httpx.Client(base_url=fleet.url, timeout=30) as console:
+        assert console.post("/ui/login", data={"token": token}).status_code == 303
+        overview = console.get("/ui/")
+        assert overview.status_code == 200
+        online = sum(1 for i in range(FLEET) if i % 3 and i % 6 != 1)
+        assert f"{online} online" in overview.text
+        url: str | None = "/ui/devices?model=mlp&profile=raspberry-pi-5"
+        seen: list[str] = []
+        while url is not None:
+            page = console.get(url.replace("&amp;", "&"))
+            assert page.status_code == 200, page.text[:300]
+            seen += re.findall(r'<a href="/ui/devices/(dev-\d+)">', page.text)
+            following = re.search(r'<a rel="next" href="([^"]+)">', page.text)
+            url = following.group(1) if following else None
+        matching = [f"dev-{i:03d}" for i in range(FLEET) if i % 4 and i % 2]
+        assert seen == matching and len(matching) > 50  # pages of 50
+        assert (
+            f"{len(matching)} devices, page 1 of {-(-len(matching) // 50)}"
+            in console.get("/ui/devices?model=mlp&profile=raspberry-pi-5").text
+        )
+        assert console.get("/ui/devices?model=mlp:two").status_code == 400
