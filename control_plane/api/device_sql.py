@@ -27,6 +27,7 @@ from sqlalchemy import (
     String,
     and_,
     case,
+    cast,
     exists,
     func,
     literal,
@@ -35,6 +36,7 @@ from sqlalchemy import (
     true,
 )
 from sqlalchemy import column as sa_column
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
@@ -164,26 +166,15 @@ async def summary(
         .group_by(Device.hardware_profile, p)
         .order_by(Device.hardware_profile, p)
     )
-    labels: dict[tuple[str, str, str], int] = {}
-    for own, other in (
-        (Device.operator_labels, None),
-        (Device.reported_labels, Device.operator_labels),
-    ):
-        pairs = _pairs(dialect, own)
-        query = (
-            select(pairs.c.key, pairs.c.value, p, func.count())
-            .select_from(Device)
-            .join(pairs, true())
-        )
-        if other is not None:
-            # a key the operator set wins: the device's own value of it is not counted
-            theirs = _pairs(dialect, other)
-            query = query.where(
-                ~exists(select(1).select_from(theirs).where(theirs.c.key == pairs.c.key))
-            )
-        query = query.where(*where).group_by(pairs.c.key, pairs.c.value, p)
-        for key, value, state, n in await s.execute(query):
-            labels[(key, str(value), state)] = labels.get((key, str(value), state), 0) + n
+    pairs = _labels(dialect)
+    labels = await s.execute(
+        select(pairs.c.key, pairs.c.value, p, func.count())
+        .select_from(Device)
+        .join(pairs, true())
+        .where(*where)
+        .group_by(pairs.c.key, pairs.c.value, p)
+        .order_by(pairs.c.key, pairs.c.value, p)
+    )
     served = _elements(dialect)
     model, version = (
         _field(dialect, served.c.value, "model"),
@@ -201,8 +192,7 @@ async def summary(
             {"hardware_profile": hp, "presence": st, "devices": n} for hp, st, n in by_profile
         ],
         "labels": [
-            {"key": k, "value": v, "presence": st, "devices": n}
-            for (k, v, st), n in sorted(labels.items())
+            {"key": k, "value": str(v), "presence": st, "devices": n} for k, v, st, n in labels
         ],
         "versions": sorted(
             ({"model": m, "version": int(v), "devices": n} for m, v, n in versions),
@@ -211,7 +201,12 @@ async def summary(
     }
 
 
-def _pairs(dialect: str, column: Any) -> Any:
-    """A JSON object's (key, value) pairs, values as text."""
-    fn = func.json_each if dialect == "sqlite" else func.json_each_text
-    return fn(column).table_valued(sa_column("key", String()), sa_column("value", String())).alias()
+def _labels(dialect: str) -> Any:
+    """The device's labels as (key, value) rows: its own, overridden by the operator's (a
+    JSON merge: ``json_patch`` on SQLite, ``jsonb ||`` on PostgreSQL), values as text."""
+    key, value = sa_column("key", String()), sa_column("value", String())
+    if dialect == "sqlite":
+        patched = func.json_patch(Device.reported_labels, Device.operator_labels)
+        return func.json_each(patched).table_valued(key, value).alias("label")
+    merged = cast(Device.reported_labels, JSONB).op("||")(cast(Device.operator_labels, JSONB))
+    return func.jsonb_each_text(merged).table_valued(key, value).alias("label")
