@@ -62,6 +62,8 @@ def attach(app: FastAPI, svc: Services) -> None:
         make_accounts(settings.enrolment.accounts, settings),
         topic_prefix=settings.topic_prefix,
         pending_retry_s=settings.enrolment.pending_retry_s,
+        claim_check_cache_s=settings.enrolment.claim_check_cache_s,
+        max_batch=settings.enrolment.max_batch_devices,
     )
     e = settings.enrolment
     app.state.enrol_admission = Admission(

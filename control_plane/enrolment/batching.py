@@ -15,19 +15,27 @@ by then, and the others find their answer waiting when they get the lock.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 ApplyBatch = Callable[[list[str]], Awaitable[dict[str, R | Exception]]]
 """Apply a batch of device ids; each one's result, or the exception it failed with."""
 
 
 class GroupCommit(Generic[R]):
-    def __init__(self, apply: ApplyBatch[R], *, max_batch: int) -> None:
+    def __init__(
+        self, apply: ApplyBatch[R], *, max_batch: int, min_interval_s: float = 0.0
+    ) -> None:
         self._apply = apply
         self.max_batch = max_batch
+        self.min_interval_s = min_interval_s
+        """A batch starts no sooner than this after the one before: what queues meanwhile
+        joins it (the broker reloads at most once per interval)."""
+        self._last = -float("inf")
         self._lock = asyncio.Lock()
         self._queued: dict[str, list[asyncio.Future[R]]] = {}
         self.batches = 0
@@ -51,6 +59,10 @@ class GroupCommit(Generic[R]):
         return fut.result()
 
     async def _flush(self) -> None:
+        wait = self._last + self.min_interval_s - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        self._last = time.monotonic()
         ids = list(self._queued)[: self.max_batch]
         waiters = {i: self._queued.pop(i) for i in ids}
         self.batches += 1
@@ -71,3 +83,52 @@ class GroupCommit(Generic[R]):
                     f.set_exception(result)
                 else:
                     f.set_result(result)
+
+
+class Batches(Generic[T, R]):
+    """As :class:`GroupCommit`, for items of any kind, each with a result of its own (two
+    items alike are two results): the caller that takes the lock applies every item queued by
+    then, in the order they came.
+
+    An item whose caller was cancelled after its batch began is still applied."""
+
+    def __init__(
+        self, apply: Callable[[list[T]], Awaitable[list[R | Exception]]], *, max_batch: int
+    ) -> None:
+        self._apply = apply
+        self.max_batch = max_batch
+        self._lock = asyncio.Lock()
+        self._queued: list[tuple[T, asyncio.Future[R]]] = []
+        self.batches = 0
+
+    async def submit(self, item: T) -> R:
+        fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queued.append((item, fut))
+        try:
+            async with self._lock:
+                if not fut.done():
+                    await self._flush()
+        except BaseException:
+            fut.cancel()
+            raise
+        return fut.result()
+
+    async def _flush(self) -> None:
+        taken = self._queued[: self.max_batch]
+        del self._queued[: self.max_batch]
+        live = [(item, fut) for item, fut in taken if not fut.done()]
+        self.batches += 1
+        try:
+            results = await self._apply([item for item, _ in live])
+        except Exception as exc:
+            results = [exc] * len(live)
+        except BaseException:
+            self._queued[:0] = [(i, f) for i, f in live if not f.done()]
+            raise
+        for (_, fut), result in zip(live, results, strict=True):
+            if fut.done():
+                continue
+            if isinstance(result, Exception):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)

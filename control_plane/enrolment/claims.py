@@ -132,29 +132,61 @@ def refuse_inactive(claim: Claim, now: datetime) -> None:
         )
 
 
-async def take_use(session: AsyncSession, claim: Claim, now: datetime) -> None:
-    """Count one use, in the database's own check: two devices presenting the last use at once
-    cannot both take it.
+async def take_uses(session: AsyncSession, claim: Claim, wanted: int, now: datetime) -> int:
+    """Count up to ``wanted`` uses, in the database's own check: devices presenting the last
+    uses at once (in this process or another) cannot take more than ``max_uses``. Return how
+    many were taken; the claim's row stays locked until the caller commits.
 
     Raises:
-        EnrolmentRefused: used up (or expired, or revoked) by the time it was counted.
+        EnrolmentRefused: none taken: revoked, expired or used up by the time it was counted.
     """
+    if await _add_uses(session, claim, wanted, now):
+        return wanted  # the usual case: one statement
+    # fewer left than wanted: lock the row, read what is left, take that
+    fresh = (
+        await session.execute(
+            select(Claim)
+            .where(Claim.id == claim.id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        )
+    ).scalar_one()
+    refuse_inactive(fresh, now)
+    left = min(wanted, fresh.max_uses - fresh.uses)
+    if not await _add_uses(session, fresh, left, now):
+        raise EnrolmentRefused(Refusal.CLAIM_USED_UP, f"claim {claim.name!r} is used up")
+    return left
+
+
+async def _add_uses(session: AsyncSession, claim: Claim, n: int, now: datetime) -> bool:
     result = await session.execute(
         update(Claim)
         .where(
             Claim.id == claim.id,
-            Claim.uses < Claim.max_uses,
+            Claim.uses + n <= Claim.max_uses,
             Claim.revoked.is_(False),
             Claim.expires_at > now,
         )
-        .values(uses=Claim.uses + 1)
+        .values(uses=Claim.uses + n)
         .execution_options(synchronize_session=False)
     )
-    if getattr(result, "rowcount", 0) != 1:
-        await session.refresh(claim)
-        refuse_inactive(claim, now)
-        raise EnrolmentRefused(Refusal.CLAIM_USED_UP, f"claim {claim.name!r} is used up")
-    # no refresh: the row stays locked until the caller commits, which it does at once
+    return getattr(result, "rowcount", 0) == 1
+
+
+async def claims_of(session: AsyncSession, tokens: list[str]) -> dict[str, Claim]:
+    """The claims of those ``tokens`` that are a claim's (read in one statement)."""
+    ids = {p[1]: p for p in (t.split("_", 2) for t in tokens) if len(p) == 3 and p[0] == PREFIX}
+    if not ids:
+        return {}
+    rows = await session.execute(select(Claim).where(Claim.id.in_(ids)))
+    by_id = {c.id: c for c in rows.scalars()}
+    found: dict[str, Claim] = {}
+    for token in tokens:
+        parts = token.split("_", 2)
+        claim = by_id.get(parts[1]) if len(parts) == 3 and parts[0] == PREFIX else None
+        if claim is not None and hmac.compare_digest(claim.secret_hash, _hash(parts[2])):
+            found[token] = claim
+    return found
 
 
 async def list_claims(session: AsyncSession) -> list[Claim]:

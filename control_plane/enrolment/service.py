@@ -1,13 +1,16 @@
 """The exchange: a device presents its claim token and a key of its own; it is refused, told
 to wait for an operator, or given its broker identity and the trust root.
 
-The claim's use is counted (and the enrolment stored) in one transaction before the broker is
-asked for an account; a device whose answer was lost (the broker away, the connection cut)
-asks again with the same device key and gets a new password, without taking another use."""
+Devices enrolling at once are admitted in one transaction, and finished in another
+(:mod:`control_plane.enrolment.intake`): the claim's uses are counted (and the enrolments
+stored) before the broker is asked for their accounts; a device whose answer was lost (the
+broker away, the connection cut) asks again with the same device key and gets a new password,
+without taking another use."""
 
 from __future__ import annotations
 
 import logging
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,22 +18,18 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from common.protocol.enrolment import EnrolmentAnswer, EnrolmentRequest, EnrolmentStatus
-from control_plane.db.models import Claim, Device, Enrolment, TrustRootRecord
+from control_plane.db.models import Enrolment
 from control_plane.db.session import required_utc, stored_utc
 from control_plane.enrolment.accounts import BrokerAccounts
-from control_plane.enrolment.claims import (
-    EnrolmentRefused,
-    find_claim,
-    key_hash,
-    refuse_inactive,
-    same_key,
-    take_use,
-)
+from control_plane.enrolment.batching import Batches
+from control_plane.enrolment.claims import EnrolmentRefused, find_claim
+from control_plane.enrolment.intake import Admitted, admit_batch, finish_batch
 from control_plane.enrolment.states import EnrolmentState, Refusal
 from control_plane.errors import Conflict, NotFound
-from control_plane.provisioning.acl import RESERVED_USERS
 
 log = logging.getLogger("edgefleet.control_plane.enrolment")
+KNOWN_CLAIMS_KEPT = 1000
+"""Tokens remembered as good at most (then forgotten all at once: bogus tokens are not kept)."""
 
 
 class Enroller:
@@ -41,52 +40,57 @@ class Enroller:
         *,
         topic_prefix: str,
         pending_retry_s: float,
+        claim_check_cache_s: float = 0.0,
+        max_batch: int = 500,
     ) -> None:
         self.sessions = sessions
         self.accounts = accounts
         self.topic_prefix = topic_prefix
         self.pending_retry_s = pending_retry_s
+        self.claim_check_cache_s = claim_check_cache_s
+        self._known: dict[str, float] = {}
+        """Tokens found to be a claim's, and until when that is trusted (monotonic)."""
+        self.admissions: Batches[tuple[str, EnrolmentRequest], Admitted] = Batches(
+            self._admit_batch, max_batch=max_batch
+        )
+        self.completions: Batches[tuple[EnrolmentRequest, Admitted], dict[str, Any] | None] = (
+            Batches(self._finish_batch, max_batch=max_batch)
+        )
 
     async def check_claim(self, token: str) -> None:
         """Raise EnrolmentRefused (unknown_claim) unless ``token`` is a claim's, whatever its
-        state: the route asks before it reads the body."""
+        state: the route asks before it reads the body. A token found good is trusted for
+        ``claim_check_cache_s`` (its state is checked again by :meth:`enrol`)."""
+        if self._known.get(token, 0.0) > time.monotonic():
+            return
         async with self.sessions() as s:
             await find_claim(s, token)
+        if self.claim_check_cache_s > 0:
+            if len(self._known) >= KNOWN_CLAIMS_KEPT:
+                self._known.clear()
+            self._known[token] = time.monotonic() + self.claim_check_cache_s
 
     async def enrol(self, token: str, req: EnrolmentRequest) -> EnrolmentAnswer:
-        """Exchange the claim ``token`` for ``req``'s device.
+        """Exchange the claim ``token`` for ``req``'s device, in a batch with the devices
+        enrolling meanwhile.
 
         Raises:
             EnrolmentRefused: the claim is unknown, expired, revoked or used up; the device is
                 out of its scope, rejected, or another device's id.
         """
-        now = datetime.now(UTC)
-        async with self.sessions.begin() as s:
-            claim = await find_claim(s, token)
-            row = await s.get(Enrolment, req.device_id)
-            if row is None:
-                row = await self._admit(s, claim, req, now)
-            else:
-                self._recognise(claim, row, req)
-            state = EnrolmentState(row.state)
-        if state is EnrolmentState.PENDING:
+        admitted = await self.admissions.submit((token, req))
+        if admitted.state is EnrolmentState.PENDING:
             return EnrolmentAnswer(
                 device_id=req.device_id,
                 status=EnrolmentStatus.PENDING,
                 retry_after_s=self.pending_retry_s,
             )
         password = await self.accounts.issue(req.device_id)
-        trust = None
-        async with self.sessions.begin() as s:
-            row = await s.get(Enrolment, req.device_id)
-            if row is not None and row.state != EnrolmentState.REJECTED:
-                await self._inventory(s, claim, req)
-                row.state, row.issued_at = EnrolmentState.ENROLLED.value, now
-                trust = await _trust_envelope(s)
+        trust = await self.completions.submit((req, admitted))
         if trust is None:  # rejected while its account was made: that account goes too
             await self.accounts.remove(req.device_id)
             raise EnrolmentRefused(Refusal.REJECTED, "an operator rejected this device meanwhile")
-        log.info("device enrolled", extra={"device_id": req.device_id, "claim": claim.id})
+        log.info("device enrolled", extra={"device_id": req.device_id, "claim": admitted.claim_id})
         return EnrolmentAnswer(
             device_id=req.device_id,
             status=EnrolmentStatus.ENROLLED,
@@ -96,75 +100,29 @@ class Enroller:
             trust_root=trust,
         )
 
-    async def _admit(
-        self, s: AsyncSession, claim: Claim, req: EnrolmentRequest, now: datetime
-    ) -> Enrolment:
-        """A device presenting the claim for the first time: checked, counted, stored."""
-        refuse_inactive(claim, now)
-        if claim.profiles and req.hardware_profile not in claim.profiles:
-            raise EnrolmentRefused(
-                Refusal.OUT_OF_SCOPE,
-                f"claim {claim.name!r} enrols profiles {claim.profiles}, "
-                f"not {req.hardware_profile!r}",
-            )
-        if req.device_id in RESERVED_USERS or await s.get(Device, req.device_id) is not None:
-            raise EnrolmentRefused(
-                Refusal.DEVICE_EXISTS,
-                f"device id {req.device_id!r} is taken in this fleet: choose another "
-                "(fleet.device_id), or have an operator revoke the old one",
-            )
-        row = Enrolment(
-            device_id=req.device_id,
-            claim_id=claim.id,
-            key_hash=key_hash(req.device_key),
-            state=(
-                EnrolmentState.PENDING if claim.require_approval else EnrolmentState.APPROVED
-            ).value,
-            hardware_profile=req.hardware_profile,
-            labels=req.labels,
-            reason="",
-            requested_at=now,
-        )
-        s.add(row)
-        await s.flush()
-        # NOTE: the use last, just before the commit: its UPDATE locks the claim's row until
-        # then, and every device presenting this claim waits for that lock (5,000 devices on
-        # one claim: 35 a second with the use taken first, benchmarks/fleet/enrolment.py)
-        await take_use(s, claim, now)
-        return row
+    async def _admit_batch(
+        self, items: list[tuple[str, EnrolmentRequest]]
+    ) -> list[Admitted | Exception]:
+        """Each device id once a transaction: a device asking twice at once is admitted, then
+        recognised."""
+        firsts: dict[str, int] = {}
+        for n, (_, req) in enumerate(items):
+            firsts.setdefault(req.device_id, n)
+        once = [items[n] for n in firsts.values()]
+        async with self.sessions.begin() as s:
+            admitted = await admit_batch(s, once, datetime.now(UTC))
+        answers = dict(zip(firsts.values(), admitted, strict=True))
+        again = [n for n in range(len(items)) if n not in answers]
+        if again:
+            later = await self._admit_batch([items[n] for n in again])
+            answers.update(zip(again, later, strict=True))
+        return [answers[n] for n in range(len(items))]
 
-    @staticmethod
-    def _recognise(claim: Claim, row: Enrolment, req: EnrolmentRequest) -> None:
-        """A device asking again: the same key and claim, a claim not revoked, not rejected."""
-        if claim.id != row.claim_id or not same_key(row.key_hash, req.device_key):
-            raise EnrolmentRefused(
-                Refusal.DEVICE_KEY_MISMATCH,
-                f"device id {req.device_id!r} was enrolled by another device key",
-            )
-        if claim.revoked:
-            raise EnrolmentRefused(Refusal.CLAIM_REVOKED, f"claim {claim.name!r} was revoked")
-        if row.state == EnrolmentState.REJECTED:
-            raise EnrolmentRefused(
-                Refusal.REJECTED, f"an operator rejected this device: {row.reason or 'no reason'}"
-            )
-
-    @staticmethod
-    async def _inventory(s: AsyncSession, claim: Claim, req: EnrolmentRequest) -> None:
-        """The device in the inventory, with the claim's labels as operator labels (so they
-        win over what it reports, and its group is the claim's)."""
-        device = await s.get(Device, req.device_id)
-        if device is None:
-            device = Device(
-                id=req.device_id,
-                desired={},
-                models=[],
-                online=False,
-                reported_labels=dict(req.labels),
-                operator_labels={},
-            )
-            s.add(device)
-        device.hardware_profile = device.hardware_profile or req.hardware_profile
-        device.operator_labels = {**claim.labels, **device.operator_labels}
+    async def _finish_batch(
+        self, items: list[tuple[EnrolmentRequest, Admitted]]
+    ) -> list[dict[str, Any] | None | Exception]:
+        async with self.sessions.begin() as s:
+            return list(await finish_batch(s, items, datetime.now(UTC)))
 
     async def decide(self, device_id: str, *, approve: bool, user: str, reason: str) -> Enrolment:
         """Approve a pending device, or reject one in any state: one that collected a broker
@@ -216,12 +174,3 @@ def enrolment_doc(row: Enrolment) -> dict[str, Any]:
         "decided_by": row.decided_by,
         "issued_at": stored_utc(row.issued_at).isoformat() if row.issued_at else None,
     }
-
-
-async def _trust_envelope(s: AsyncSession) -> dict[str, Any]:
-    record = (
-        await s.execute(select(TrustRootRecord).order_by(TrustRootRecord.version.desc()).limit(1))
-    ).scalar_one_or_none()
-    if record is None:
-        raise NotFound("no trust root yet: the control plane creates it at its first start")
-    return record.envelope
