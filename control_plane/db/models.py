@@ -172,7 +172,11 @@ class Rollout(Base):
 
 class RolloutDevice(Base):
     __tablename__ = "rollout_devices"
-    __table_args__ = (UniqueConstraint("rollout_id", "device_id"),)
+    __table_args__ = (
+        UniqueConstraint("rollout_id", "device_id"),
+        # a wave's next chunk of pending devices (control_plane.rollouts.sending)
+        Index("ix_rollout_devices_pending", "rollout_id", "state", "position"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     rollout_id: Mapped[int] = mapped_column(ForeignKey("rollouts.id"), index=True)
