@@ -4,8 +4,8 @@ Everything the device list filters on is decided by the database, so a page of 1
 out of 20,000 reads about 100 rows (keyset pagination on ``devices.id``, its primary key):
 
 - profile, trust root version: plain columns;
-- labels: the operator's value of a key, else the device's own (``Device.labels``), read with
-  each database's JSON operator (``json_extract`` / ``->>``), through SQLAlchemy's JSON type;
+- labels: the operator's value of a key, else the device's own (``Device.labels``): PostgreSQL's
+  ``->>``, SQLite's ``json_each`` over the two merged (``json_patch``);
 - the served model (and version): an ``EXISTS`` over the elements of ``devices.models``
   (``json_each`` on SQLite, ``json_array_elements`` on PostgreSQL);
 - presence: :class:`~control_plane.ingest.presence.SilenceRule` written as a ``CASE``: the same
@@ -90,14 +90,18 @@ def presence_sql(
     )
 
 
-def label_sql(key: str, value: str) -> ColumnElement[bool]:
+def label_sql(dialect: str, key: str, value: str) -> ColumnElement[bool]:
     """The device's label ``key`` is ``value``: the operator's, else its own."""
-    return (
-        func.coalesce(
-            Device.operator_labels[key].as_string(), Device.reported_labels[key].as_string()
+    if dialect == "sqlite":
+        # NOTE: not json_extract: SQLite's JSON paths cannot name every key (one with a double
+        # quote, or written with a \\u escape as SQLAlchemy writes non-ASCII ones)
+        pairs = _labels(dialect)
+        return exists(
+            select(1).select_from(pairs).where(pairs.c.key == key, pairs.c.value == value)
         )
-        == value
-    )
+    own = Device.reported_labels.op("->>")(key)
+    operators = Device.operator_labels.op("->>")(key)
+    return func.coalesce(operators, own) == value
 
 
 def _elements(dialect: str) -> Any:
@@ -138,7 +142,7 @@ class DeviceFilter:
     model_version: int | None = None
 
     def where(self, dialect: str, presence: ColumnElement[str]) -> list[ColumnElement[bool]]:
-        out = [label_sql(k, v) for k, v in self.labels.items()]
+        out = [label_sql(dialect, k, v) for k, v in self.labels.items()]
         if self.profile is not None:
             out.append(Device.hardware_profile == self.profile)
         if self.trust_root_version is not None:

@@ -165,6 +165,13 @@ def test_filters_are_the_databases_and_match_the_rule_of_each_device(
     )
     for state in ("online", "silent", "offline"):
         assert ids(presence=state) == where(lambda d, s=state: d["presence"] == s)
+    # any key, as the operator wrote it (SQLite's JSON paths cannot name these two)
+    odd = {'zone "a"': "n°1", "zöne": "b", "site": "s9"}
+    resp = fleet.admin.patch("/api/v1/devices/dev-001/labels", json={"labels": odd})
+    assert resp.status_code == 200, resp.text
+    for key, value in odd.items():
+        assert ids(label=f"{key}={value}") == ["dev-001"]
+    assert "dev-001" not in ids(label="site=s1")
     assert ids(online="true") == where(lambda d: d["presence"] == "online")
     assert ids(online="false", trust_root_version=2) == where(
         lambda d: d["presence"] != "online" and n[d["id"]] % 2
