@@ -16,6 +16,8 @@ from control_plane.rollouts.states import ACTIVE, RolloutState
 from control_plane.status_view import gate_words, phase_words
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
+PREVIEW_DEVICES = 100
+"""Devices a rollout's preview lists (it counts them all)."""
 PROFILES = Query(default=[], description="hardware profiles; none: every profile")
 
 ACTIONS = {
@@ -80,11 +82,29 @@ async def preview(
     try:
         labels = _pairs(selector)
     except BadForm as exc:
-        return render(request, "_preview.html", who, error=exc.message, devices=[])
-    found = await who.api.get("/api/v1/devices", label=[f"{k}={v}" for k, v in labels.items()])
-    if profiles:
-        found = [d for d in found if d["hardware_profile"] in profiles]
-    return render(request, "_preview.html", who, devices=found, shown=found[:100])
+        return render(request, "_preview.html", who, error=exc.message, count=0, shown=[])
+    label = [f"{k}={v}" for k, v in labels.items()]
+    # the count from the summary, the first 100 from pages: never the whole fleet
+    summary = await who.api.get("/api/v1/devices/summary", label=label)
+    count = sum(
+        r["devices"]
+        for r in summary["presence"]
+        if not profiles or r["hardware_profile"] in profiles
+    )
+    shown: list[dict[str, object]] = []
+    after: str | None = ""
+    while len(shown) < PREVIEW_DEVICES:
+        page, after = await who.api.page(
+            "/api/v1/devices",
+            label=label,
+            profile=profiles[0] if len(profiles) == 1 else "",
+            limit=PREVIEW_DEVICES if len(profiles) <= 1 else 1000,
+            after=after,
+        )
+        shown += [d for d in page if not profiles or d["hardware_profile"] in profiles]
+        if not after:
+            break
+    return render(request, "_preview.html", who, count=count, shown=shown[:PREVIEW_DEVICES])
 
 
 @router.post("/rollouts")

@@ -258,3 +258,9 @@ def test_the_console_pages_devices_through_the_api(fleet: RunningControlPlane) -
             in console.get("/ui/devices?model=mlp&profile=raspberry-pi-5").text
         )
         assert console.get("/ui/devices?model=mlp:two").status_code == 400
+        # a rollout's preview counts every match and lists the first 100, one profile or two
+        for query in ("", "&profiles=jetson-orin", "&profiles=jetson-orin&profiles=raspberry-pi-5"):
+            preview = console.get(f"/ui/rollouts/preview?selector=group=g{query}").text
+            count = FLEET if query.count("=") != 1 else FLEET // 2
+            assert f"{count} devices</strong> match (the first 100 listed)" in preview
+            assert preview.count("<li>") == 100
