@@ -96,6 +96,12 @@ def test_deployments_refuse_what_could_never_roll_out(cp: RunningControlPlane) -
         json={"name": "d", "model": "mlp", "version": 1, **FAST, "waves": ["0"]},
     )
     assert resp.status_code == 400 and "waves" in resp.json()["error"]
+    shadow = {"sample_share": 0.5, "min_agreement": 0.9}
+    resp = cp.admin.post(
+        "/api/v1/deployments",
+        json={"name": "d", "model": "mlp", "version": 1, **FAST, "shadow": shadow},
+    )
+    assert resp.status_code == 400 and "shadow" in resp.json()["error"], resp.text
     resp = cp.admin.patch("/api/v1/deployments/nope", json={"version": 2})
     assert resp.status_code == 404
     with cp.client(cp.token("viewer")) as viewer:
