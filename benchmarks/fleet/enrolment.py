@@ -182,6 +182,7 @@ def run(
         "enrolled_p99_s": percentile(result["enrolled_s"], 99),
         "waits": result["waits"],
         "refused_logins": result["refused_logins"],
+        "slow_logins": result.get("slow_logins", 0),
         "db_enrolled": enrolled,
         "db_online": online,
         "resources": resources,

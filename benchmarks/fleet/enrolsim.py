@@ -86,6 +86,9 @@ class EnrolSim:
         self.waits: dict[str, int] = {}
         self.failed: dict[str, str] = {}
         self.refused_logins = 0
+        self.slow_logins = 0
+        """Logins not answered in mqttlite's 30 s (the broker's listen queue full while it
+        reloads), tried again as the agent does after any failed connection."""
         self.devices: list[SimDevice] = []
         self.started = 0.0
 
@@ -157,12 +160,17 @@ class EnrolSim:
                     login=(answer.username, answer.password),
                 )
                 break
-            except mqttlite.MqttLiteError as exc:
-                # a password file's broker knows the device once it has reloaded
+            except (mqttlite.MqttLiteError, TimeoutError) as exc:
+                # a password file's broker knows the device once it has reloaded; a login not
+                # answered (the broker busy reloading) is tried again, as the agent does
                 late = time.monotonic() - self.started > LOGIN_DEADLINE_S
-                if "return code 5" not in str(exc) or late:
+                refused = "return code 5" in str(exc)
+                if not (refused or isinstance(exc, TimeoutError)) or late:
                     raise
-                self.refused_logins += 1
+                if refused:
+                    self.refused_logins += 1
+                else:
+                    self.slow_logins += 1
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(RECONNECT_MAX_S, delay * 2)
         dev.conn = conn
@@ -183,6 +191,7 @@ class EnrolSim:
             "provisioned_s": sorted(self.provisioned_s.values()),
             "waits": self.waits,
             "refused_logins": self.refused_logins,
+            "slow_logins": self.slow_logins,
             "failed": len(self.failed),
             "failures": dict(list(self.failed.items())[:5]),
             "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),

@@ -210,5 +210,10 @@ async def connect(
     handshake = proto.handshake(
         client_id, keepalive_s=keepalive_s, clean_session=clean_session, will=will, login=login
     )
-    await asyncio.wait_for(handshake, timeout_s)
+    try:
+        await asyncio.wait_for(handshake, timeout_s)
+    except BaseException:  # no CONNACK: the connection goes, not left to be answered later
+        if proto.transport is not None:
+            proto.transport.abort()
+        raise
     return proto
