@@ -175,7 +175,7 @@ def run(
         "provisioned": len(provisioned),
         "failed": result["failed"],
         "failures": result["failures"],
-        "all_provisioned_s": round(max(provisioned), 2) if len(provisioned) == devices else None,
+        "all_provisioned_s": round(max(provisioned), 3) if len(provisioned) == devices else None,
         "p50_s": percentile(provisioned, 50),
         "p99_s": percentile(provisioned, 99),
         "enrolled_p50_s": percentile(result["enrolled_s"], 50),

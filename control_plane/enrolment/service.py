@@ -9,6 +9,7 @@ without taking another use."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from datetime import UTC, datetime
@@ -49,6 +50,7 @@ class Enroller:
         self.pending_retry_s = pending_retry_s
         self.claim_check_cache_s = claim_check_cache_s
         self._known: dict[str, float] = {}
+        self._lookups: dict[str, asyncio.Future[None]] = {}
         """Tokens found to be a claim's, and until when that is trusted (monotonic)."""
         self.admissions: Batches[tuple[str, EnrolmentRequest], Admitted] = Batches(
             self._admit_batch, max_batch=max_batch
@@ -60,9 +62,18 @@ class Enroller:
     async def check_claim(self, token: str) -> None:
         """Raise EnrolmentRefused (unknown_claim) unless ``token`` is a claim's, whatever its
         state: the route asks before it reads the body. A token found good is trusted for
-        ``claim_check_cache_s`` (its state is checked again by :meth:`enrol`)."""
+        ``claim_check_cache_s`` (its state is checked again by :meth:`enrol`); requests
+        presenting the same token meanwhile share one lookup."""
         if self._known.get(token, 0.0) > time.monotonic():
             return
+        lookup = self._lookups.get(token)
+        if lookup is None:
+            lookup = asyncio.ensure_future(self._look_up(token))
+            self._lookups[token] = lookup
+            lookup.add_done_callback(lambda _: self._lookups.pop(token, None))
+        await asyncio.shield(lookup)
+
+    async def _look_up(self, token: str) -> None:
         async with self.sessions() as s:
             await find_claim(s, token)
         if self.claim_check_cache_s > 0:

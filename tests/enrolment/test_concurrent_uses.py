@@ -65,6 +65,15 @@ async def scenario(url: str) -> None:
             Enroller(sx, accounts, topic_prefix="edgefleet", pending_retry_s=1.0, max_batch=8)
             for sx in sessions
         ]
+        checks = await asyncio.gather(
+            *(enrollers[0].check_claim(t) for t in [token] * 5 + ["efc_00_bogus"] * 5),
+            return_exceptions=True,
+        )
+        assert checks[:5] == [None] * 5
+        assert {e.reason for e in checks[5:] if isinstance(e, EnrolmentRefused)} == {
+            Refusal.UNKNOWN_CLAIM
+        }
+        assert len([e for e in checks[5:] if isinstance(e, EnrolmentRefused)]) == 5
         reqs = [request(f"dev-{i:02d}") for i in range(40)]
         reqs += [request("dev-00"), request("dev-01", key="other")]  # twice at once
         results = await asyncio.gather(
