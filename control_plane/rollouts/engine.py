@@ -14,10 +14,8 @@ timeouts, bake times). One lock serialises every transition in a process, and a 
 the rollout across replicas: any replica applies device events and operators' requests, one
 (the leader, :mod:`control_plane.leadership`) steps rollouts, under its fencing epoch.
 
-Rolling back: a device that committed the new version gets a signed rollback command that
-only acts if it still runs that version (it keeps the previous version on disk); a device
-still in progress gets the command when its commit is reported; every touched device's
-desired state goes back to what it was before the rollout.
+Judging a wave is :mod:`.waves`, rolling back :mod:`.rollback`, reading device states back
+from their status :mod:`.reconcile`.
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Collection
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -37,32 +34,20 @@ from sqlalchemy.orm import selectinload
 
 from common.protocol.messages import ModelManifest, UpdateEvent
 from control_plane.db.models import Device, Rollout, RolloutDevice
-from control_plane.db.session import required_utc
 from control_plane.errors import Conflict, NotFound
 from control_plane.leadership.lease import Fenced, Leadership
 from control_plane.metrics import FleetMetrics
 from control_plane.mqtt.bus import FleetBus
-from control_plane.rollouts.events import CHUNK, NEVER_REPORTED, apply_events, moves_rollout
-from control_plane.rollouts.gates import drift_gate, telemetry_gates
-from control_plane.rollouts.manifests import for_device, rollback_command
+from control_plane.rollouts.events import CHUNK, apply_events, moves_rollout
+from control_plane.rollouts.manifests import for_device
 from control_plane.rollouts.plan import plan_rollout
-from control_plane.rollouts.sending import (
-    SEND_CHUNK,
-    YIELD_EVERY,
-    load_devices,
-    pending_chunk,
-    send_unsent,
-)
+from control_plane.rollouts.reconcile import reconcile
+from control_plane.rollouts.rollback import reverting_among, roll_back
+from control_plane.rollouts.sending import SEND_CHUNK, pending_chunk, send_unsent
 from control_plane.rollouts.shadow import shadow_wave, withdraw_shadows
 from control_plane.rollouts.spec import Gates, RolloutSpec
-from control_plane.rollouts.states import (
-    ACTIVE,
-    FAILED,
-    REVERTING,
-    WAVE_DONE,
-    DeviceRolloutState,
-    RolloutState,
-)
+from control_plane.rollouts.states import ACTIVE, DeviceRolloutState, RolloutState
+from control_plane.rollouts.waves import fail, judge_wave
 from control_plane.signing.keys import KeyRing
 
 log = logging.getLogger("edgefleet.control_plane.rollouts")
@@ -226,13 +211,8 @@ class RolloutEngine:
         ids = sorted(births)
         for start in range(0, len(ids), CHUNK):
             async with self.sessions() as session:
-                rows = await session.execute(
-                    select(RolloutDevice.rollout_id, RolloutDevice.device_id).where(
-                        RolloutDevice.rollout_id.in_(self._rolling_back),
-                        RolloutDevice.state == DeviceRolloutState.REVERTING,
-                        RolloutDevice.sent_at.is_not(None),
-                        RolloutDevice.device_id.in_(ids[start : start + CHUNK]),
-                    )
+                rows = await reverting_among(
+                    session, self._rolling_back, ids[start : start + CHUNK]
                 )
                 for rollout_id, device_id in rows:
                     self._resend.setdefault(rollout_id, set()).add(device_id)
@@ -419,52 +399,12 @@ class RolloutEngine:
             if rollout is None or rollout.state not in ACTIVE:
                 return
             now = datetime.now(UTC)
-            await self._reconcile(session, rollout, now)
+            await reconcile(session, rollout, now)
             if rollout.state is RolloutState.RUNNING:
                 await self._run_waves(session, rollout, now)
             if rollout.state is RolloutState.ROLLING_BACK:
                 await self._roll_back(session, rollout, now)
             rollout.updated_at = now
-
-    async def _reconcile(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
-        """Read device states from what devices last said they serve (their retained status),
-        so an event lost while the control plane was down cannot leave a device hanging."""
-        waiting = [
-            d
-            for d in rollout.devices
-            if d.state in (DeviceRolloutState.SENT, DeviceRolloutState.REVERTING)
-        ]
-        if not waiting:
-            return
-        # Only the column read here: whole Device rows would decode every desired state too,
-        # on every step of a rollout over thousands of devices.
-        ids = [w.device_id for w in waiting]
-        reported: dict[str, list[Any]] = {}
-        for start in range(0, len(ids), CHUNK):  # a bound parameter per id: PostgreSQL takes 65,535
-            rows = await session.execute(
-                select(Device.id, Device.models).where(Device.id.in_(ids[start : start + CHUNK]))
-            )
-            reported |= {device_id: models for device_id, models in rows}
-        for i, rd in enumerate(waiting, 1):
-            if i % YIELD_EVERY == 0:
-                await asyncio.sleep(0)
-            models = reported.get(rd.device_id)
-            if models is None:
-                continue
-            served = {(m["model"], m["version"]): m.get("sequence") for m in models}
-            if (
-                rd.state is DeviceRolloutState.SENT
-                and served.get((rollout.model, rollout.version)) == rollout.sequence
-            ):
-                rd.state, rd.reason = DeviceRolloutState.COMMITTED, "seen in the device's status"
-                rd.updated_at = now
-            elif (
-                rd.state is DeviceRolloutState.REVERTING
-                and (rollout.model, rollout.version) not in served
-                and (rd.previous_version is None or (rollout.model, rd.previous_version) in served)
-            ):
-                rd.state, rd.reason = DeviceRolloutState.REVERTED, "seen in the device's status"
-                rd.updated_at = now
 
     # -- running ----------------------------------------------------------------------------
 
@@ -483,7 +423,7 @@ class RolloutEngine:
                 ttl_s=self.manifest_ttl_s,
             )
             if verdict is not None:
-                return self._fail(rollout, verdict)
+                return fail(rollout, verdict)
             if hold:
                 return None
         if unsent:  # the wave's devices, as their maintenance windows let them start
@@ -509,88 +449,9 @@ class RolloutEngine:
                     "devices": len(wave_devices),
                 },
             )
-        for rd in wave_devices:
-            if (
-                rd.state is DeviceRolloutState.SENT
-                and required_utc(rd.sent_at) + timedelta(seconds=rollout.device_timeout_s) < now
-            ):
-                rd.state, rd.reason, rd.updated_at = (
-                    DeviceRolloutState.TIMED_OUT,
-                    "no answer within device_timeout_s",
-                    now,
-                )
-        touched = [d for d in rollout.devices if d.wave <= rollout.current_wave]
-        failed = [d for d in touched if d.state in FAILED]
-        self_test = [d for d in failed if "self_test_failed" in d.reason]
-        if gates.self_test and self_test:
-            return self._fail(
-                rollout, f"self-test failed on {self_test[0].device_id}: {self_test[0].reason}"
-            )
-        if len(failed) > gates.max_rejections:
-            return self._fail(
-                rollout,
-                f"{len(failed)} device(s) refused or rolled back the update "
-                f"(allowed {gates.max_rejections}); "
-                f"first: {failed[0].device_id}: {failed[0].reason}",
-            )
-        if any(d.state not in WAVE_DONE for d in wave_devices):
-            return None
-        if wave_devices and not any(d.state is DeviceRolloutState.COMMITTED for d in wave_devices):
-            # No evidence the version works anywhere (every device timed out, or refused within
-            # max_rejections): going on would roll it out wider blind. A dead artifact URL or a
-            # broker that refuses the devices' topics looks exactly like this.
-            timed_out = sum(d.state is DeviceRolloutState.TIMED_OUT for d in wave_devices)
-            return self._fail(
-                rollout,
-                f"no device of wave {rollout.current_wave + 1} committed the update "
-                f"({timed_out} timed out, {len(wave_devices) - timed_out} refused it)",
-            )
-        if rollout.bake_started_at is None:
-            rollout.bake_started_at = now
-        verdict, report = await telemetry_gates(session, rollout, gates, touched, now)
-        baked = required_utc(rollout.bake_started_at) + timedelta(seconds=rollout.bake_time_s)
-        # Gates that could not judge (too few requests) prove nothing: the wave waits for
-        # traffic past its bake, unless the rollout was created to pass it anyway.
-        waiting = (
-            baked <= now
-            and "note" in report
-            and gates.min_requests > 0  # 0: the operator asks for no requests at all
-            and not gates.allow_unjudged
-        )
-        if waiting:
-            report["waiting_for_traffic"] = True
-        before = rollout.gate_report.get(str(rollout.current_wave), {}).get("drift")
-        pause, drift = await drift_gate(session, rollout, gates, touched, before)
-        if drift is not None:
-            report["drift"] = drift
-        rollout.gate_report = {**rollout.gate_report, str(rollout.current_wave): report}
-        if verdict:
-            return self._fail(rollout, verdict)
-        if pause:  # the data moved, not the version: an operator decides, nothing rolls back
-            rollout.state, rollout.reason = RolloutState.PAUSED, pause
-            log.warning("rollout paused by its drift gate", extra={"rollout": rollout.id})
-            return None
-        if baked > now or waiting:
-            return None  # still baking, or waiting for requests to judge
-        if rollout.current_wave + 1 >= len(rollout.waves) or not [
-            d for d in rollout.devices if d.wave > rollout.current_wave
-        ]:
-            rollout.state, rollout.reason = (
-                RolloutState.SUCCEEDED,
-                f"all {len(rollout.waves)} waves passed their gates",
-            )
-            log.info("rollout succeeded", extra={"rollout": rollout.id})
-            return None
-        rollout.current_wave += 1
-        rollout.wave_started_at = rollout.bake_started_at = None
-        await self._run_waves(session, rollout, now)
+        if await judge_wave(session, rollout, gates, wave_devices, now):
+            await self._run_waves(session, rollout, now)
         return None
-
-    def _fail(self, rollout: Rollout, reason: str) -> None:
-        rollout.state, rollout.reason = RolloutState.ROLLING_BACK, reason
-        log.warning(
-            "rollout gate failed: rolling back", extra={"rollout": rollout.id, "reason": reason}
-        )
 
     async def _send(
         self,
@@ -629,89 +490,21 @@ class RolloutEngine:
     # -- rolling back -----------------------------------------------------------------------
 
     async def _roll_back(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
-        timeout = timedelta(seconds=rollout.device_timeout_s)
-        touched = (
-            DeviceRolloutState.SENT,
-            DeviceRolloutState.COMMITTED,
-            DeviceRolloutState.TIMED_OUT,
-        )
         await withdraw_shadows(session, rollout, now, self._publish_desired)
-        restore = [rd.device_id for rd in rollout.devices if rd.state in touched]
         resend = self._resend.pop(rollout.id, set())
         self._rolling_back.add(rollout.id)
-        loaded = await load_devices(session, restore)  # noqa: F841 (kept while used)
-        for i, rd in enumerate(rollout.devices, 1):
-            if i % YIELD_EVERY == 0:
-                await asyncio.sleep(0)  # the lease renewed meanwhile (see YIELD_EVERY)
-            if rd.state is DeviceRolloutState.PENDING:
-                rd.state = DeviceRolloutState.SKIPPED
-                rd.reason = "not reached before the rollback"
-            elif rd.state in touched:
-                await self._restore_desired(session, rollout, rd)
-                # still applying, or silent (offline: its retained desired state still held the
-                # new version until now): the command follows if it reports a commit
-                if rd.state in (DeviceRolloutState.SENT, DeviceRolloutState.TIMED_OUT):
-                    rd.state = DeviceRolloutState.REVERTING_PENDING
-                    rd.reason = "desired state restored"
-                else:
-                    rd.state, rd.sent_at = DeviceRolloutState.REVERTING, None
-                rd.updated_at = now
-            if rd.state is DeviceRolloutState.REVERTING and (
-                rd.sent_at is None or rd.device_id in resend
-            ):
-                command = self._command(rollout, rd)
-                self._held.append(
-                    functools.partial(self.bus.publish_command, rd.device_id, command)
-                )
-                if rd.sent_at is None:  # sent again: the timeout counts from the first send
-                    rd.sent_at = now
-                rd.updated_at = now
-            elif (
-                rd.state is DeviceRolloutState.REVERTING
-                and required_utc(rd.sent_at) + timeout < now
-            ):
-                rd.state, rd.reason = (
-                    DeviceRolloutState.REVERT_TIMED_OUT,
-                    "no answer to the rollback command in time",
-                )
-            elif (
-                rd.state is DeviceRolloutState.REVERTING_PENDING
-                and required_utc(rd.updated_at) + timeout < now
-            ):
-                # it never reported the new version; its desired state no longer holds it
-                rd.state, rd.reason = DeviceRolloutState.REVERTED, NEVER_REPORTED
-        if not [d for d in rollout.devices if d.state in REVERTING]:
-            rollout.state = RolloutState.ROLLED_BACK
-            self._rolling_back.discard(rollout.id)
-            log.warning(
-                "rollout rolled back", extra={"rollout": rollout.id, "reason": rollout.reason}
-            )
-
-    async def _restore_desired(
-        self, session: AsyncSession, rollout: Rollout, rd: RolloutDevice
-    ) -> None:
-        device = await session.get(Device, rd.device_id)
-        if device is None:
-            return
-        desired = dict(device.desired)
-        if rd.previous_desired:
-            desired[rollout.model] = rd.previous_desired
-        else:
-            desired.pop(rollout.model, None)
-        device.desired = desired
-        self._publish_desired(device)
-
-    def _command(self, rollout: Rollout, rd: RolloutDevice) -> dict[str, Any]:
-        return self.keys.sign_message(
-            rollback_command(
-                rd.device_id,
-                rollout.model,
-                rollout.version,
-                f"rollout {rollout.id}: {rollout.reason}",
-                datetime.now(UTC),
-                ttl_s=max(rollout.device_timeout_s, 3600),
-            )
+        rolled_back = await roll_back(
+            session,
+            rollout,
+            now,
+            resend=resend,
+            bus=self.bus,
+            sign=self.keys.sign_message,
+            publish=self._publish_desired,
+            hold=self._held.append,
         )
+        if rolled_back:
+            self._rolling_back.discard(rollout.id)
 
 
 def _rollout_ids(events: list[UpdateEvent]) -> list[int]:

@@ -1,0 +1,145 @@
+"""A rollout rolling back, a step at a time (the rollout engine's ``_roll_back``).
+
+A device that committed the new version gets a signed rollback command that only acts if it
+still runs that version (it keeps the previous version on disk); a device still in progress
+gets the command when its commit is reported; every touched device's desired state goes back
+to what it was before the rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from control_plane.db.models import Device, Rollout, RolloutDevice
+from control_plane.db.session import required_utc
+from control_plane.mqtt.bus import FleetBus
+from control_plane.rollouts.events import NEVER_REPORTED
+from control_plane.rollouts.manifests import rollback_command
+from control_plane.rollouts.sending import YIELD_EVERY, load_devices
+from control_plane.rollouts.states import REVERTING, DeviceRolloutState, RolloutState
+
+log = logging.getLogger("edgefleet.control_plane.rollouts")
+
+Sign = Callable[[BaseModel], dict[str, Any]]
+"""Signs a wire message as the devices parse it (``KeyRing.sign_message``)."""
+Publish = Callable[[Device], None]
+Hold = Callable[[Callable[[], None]], None]
+"""Keeps a publication until the step's transaction committed (the engine's ``_held``)."""
+
+
+async def roll_back(
+    session: AsyncSession,
+    rollout: Rollout,
+    now: datetime,
+    *,
+    resend: set[str],
+    bus: FleetBus,
+    sign: Sign,
+    publish: Publish,
+    hold: Hold,
+) -> bool:
+    """One step of ``rollout``'s rollback: its devices' desired states restored, rollback
+    commands sent (again, to the devices in ``resend``), timeouts counted. Whether every
+    touched device is back (the rollout is then rolled back)."""
+    timeout = timedelta(seconds=rollout.device_timeout_s)
+    touched = (
+        DeviceRolloutState.SENT,
+        DeviceRolloutState.COMMITTED,
+        DeviceRolloutState.TIMED_OUT,
+    )
+    restore = [rd.device_id for rd in rollout.devices if rd.state in touched]
+    loaded = await load_devices(session, restore)  # noqa: F841 (kept while used)
+    for i, rd in enumerate(rollout.devices, 1):
+        if i % YIELD_EVERY == 0:
+            await asyncio.sleep(0)  # the lease renewed meanwhile (see YIELD_EVERY)
+        if rd.state is DeviceRolloutState.PENDING:
+            rd.state = DeviceRolloutState.SKIPPED
+            rd.reason = "not reached before the rollback"
+        elif rd.state in touched:
+            await restore_desired(session, rollout, rd, publish)
+            # still applying, or silent (offline: its retained desired state still held the
+            # new version until now): the command follows if it reports a commit
+            if rd.state in (DeviceRolloutState.SENT, DeviceRolloutState.TIMED_OUT):
+                rd.state = DeviceRolloutState.REVERTING_PENDING
+                rd.reason = "desired state restored"
+            else:
+                rd.state, rd.sent_at = DeviceRolloutState.REVERTING, None
+            rd.updated_at = now
+        if rd.state is DeviceRolloutState.REVERTING and (
+            rd.sent_at is None or rd.device_id in resend
+        ):
+            command = _command(rollout, rd, sign)
+            hold(functools.partial(bus.publish_command, rd.device_id, command))
+            if rd.sent_at is None:  # sent again: the timeout counts from the first send
+                rd.sent_at = now
+            rd.updated_at = now
+        elif rd.state is DeviceRolloutState.REVERTING and required_utc(rd.sent_at) + timeout < now:
+            rd.state, rd.reason = (
+                DeviceRolloutState.REVERT_TIMED_OUT,
+                "no answer to the rollback command in time",
+            )
+        elif (
+            rd.state is DeviceRolloutState.REVERTING_PENDING
+            and required_utc(rd.updated_at) + timeout < now
+        ):
+            # it never reported the new version; its desired state no longer holds it
+            rd.state, rd.reason = DeviceRolloutState.REVERTED, NEVER_REPORTED
+    if not [d for d in rollout.devices if d.state in REVERTING]:
+        rollout.state = RolloutState.ROLLED_BACK
+        log.warning("rollout rolled back", extra={"rollout": rollout.id, "reason": rollout.reason})
+        return True
+    return False
+
+
+async def restore_desired(
+    session: AsyncSession, rollout: Rollout, rd: RolloutDevice, publish: Publish
+) -> None:
+    """Give ``rd``'s device back the desired state it had before ``rollout``."""
+    device = await session.get(Device, rd.device_id)
+    if device is None:
+        return
+    desired = dict(device.desired)
+    if rd.previous_desired:
+        desired[rollout.model] = rd.previous_desired
+    else:
+        desired.pop(rollout.model, None)
+    device.desired = desired
+    publish(device)
+
+
+async def reverting_among(
+    session: AsyncSession, rolling_back: set[int], device_ids: list[str]
+) -> list[tuple[int, str]]:
+    """(rollout, device) of ``device_ids`` that these rollbacks sent a command and still wait
+    for."""
+    rows = await session.execute(
+        select(RolloutDevice.rollout_id, RolloutDevice.device_id).where(
+            RolloutDevice.rollout_id.in_(rolling_back),
+            RolloutDevice.state == DeviceRolloutState.REVERTING,
+            RolloutDevice.sent_at.is_not(None),
+            RolloutDevice.device_id.in_(device_ids),
+        )
+    )
+    return [(rollout_id, device_id) for rollout_id, device_id in rows]
+
+
+def _command(rollout: Rollout, rd: RolloutDevice, sign: Sign) -> dict[str, Any]:
+    return sign(
+        rollback_command(
+            rd.device_id,
+            rollout.model,
+            rollout.version,
+            f"rollout {rollout.id}: {rollout.reason}",
+            datetime.now(UTC),
+            ttl_s=max(rollout.device_timeout_s, 3600),
+        )
+    )
