@@ -4,8 +4,8 @@ A rollout sends its wave's manifests a chunk at a time (``control_plane.rollouts
 each chunk the next pending devices by position. Without this index every chunk read all of
 the rollout's device rows (20,000 at the largest fleet measured) to find a thousand.
 
-Revision ID: 0018
-Revises: 0017
+Revision ID: 0017
+Revises: 0016
 Create Date: 2026-12-06 07:20:00
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0018"
-down_revision = "0017"
+revision = "0017"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
