@@ -1,5 +1,5 @@
 """``edgefleet models optimize``, and how optimised variants are printed by ``models push`` and
-``models list`` (control_plane/cli.py)."""
+``models list`` (control_plane/registry/cli.py)."""
 
 from __future__ import annotations
 
