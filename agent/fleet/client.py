@@ -27,12 +27,13 @@ from pydantic import ValidationError
 from agent.accelerators import AcceleratorProbe
 from agent.fleet.enrol import Enrolment, load_identity
 from agent.fleet.outbox import Outbox
+from agent.fleet.outcome import Report
 from agent.fleet.settings import FleetSettings
 from agent.fleet.shadow import ShadowStages, listed_shadows
 from agent.fleet.state import StateFiles
 from agent.fleet.store import ModelStore
 from agent.fleet.telemetry import TelemetryCollector
-from agent.fleet.updater import Item, Report, Updater
+from agent.fleet.updater import Item, Updater
 from agent.inference.manager import ModelManager
 from agent.inference.sketches import InputSketchBook
 from agent.metrics import AgentMetrics
