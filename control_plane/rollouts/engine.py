@@ -32,18 +32,23 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import selectinload
 
-from common.protocol.messages import ModelManifest, UpdateEvent
-from control_plane.db.models import Device, Rollout, RolloutDevice
+from common.protocol.messages import UpdateEvent
+from control_plane.db.models import Device, Rollout
 from control_plane.errors import Conflict, NotFound
 from control_plane.leadership.lease import Fenced, Leadership
 from control_plane.metrics import FleetMetrics
 from control_plane.mqtt.bus import FleetBus
 from control_plane.rollouts.events import CHUNK, apply_events, moves_rollout
-from control_plane.rollouts.manifests import for_device
 from control_plane.rollouts.plan import plan_rollout
 from control_plane.rollouts.reconcile import reconcile
 from control_plane.rollouts.rollback import reverting_among, roll_back
-from control_plane.rollouts.sending import SEND_CHUNK, pending_chunk, send_unsent
+from control_plane.rollouts.sending import (
+    SEND_CHUNK,
+    Send,
+    send_manifest,
+    send_next_chunk,
+    send_unsent,
+)
 from control_plane.rollouts.shadow import shadow_wave, withdraw_shadows
 from control_plane.rollouts.spec import Gates, RolloutSpec
 from control_plane.rollouts.states import ACTIVE, DeviceRolloutState, RolloutState
@@ -101,6 +106,13 @@ class RolloutEngine:
         self._rest_until: dict[int, float] = {}
         """Per rollout, the ``time.monotonic()`` before which the loop does not step it again
         (:data:`STEP_SPACING`)."""
+        self._send: Send = functools.partial(
+            send_manifest,
+            sign=keys.sign_message,
+            ttl_s=manifest_ttl_s,
+            publish=self._publish_desired,
+        )
+        """Sends a device its manifest, published once the step's transaction commits."""
 
     # -- operator actions -------------------------------------------------------------------
 
@@ -349,38 +361,15 @@ class RolloutEngine:
         after, sent = -1, 0
         while True:
             async with self._lock, self._transaction() as session:
-                rollout = (
-                    await session.execute(
-                        select(Rollout).where(Rollout.id == rollout_id).with_for_update()
-                    )
-                ).scalar_one_or_none()
-                if (
-                    rollout is None
-                    or rollout.state is not RolloutState.RUNNING
-                    or rollout.shadow is not None  # its step decides when the wave goes
-                ):
-                    return False
-                unsent = await pending_chunk(session, rollout, after, self.send_chunk)
-                if not unsent:
-                    return False
-                now = datetime.now(UTC)
-                await send_unsent(
+                unsent = await send_next_chunk(
                     session,
-                    rollout,
-                    unsent,
-                    now,
+                    rollout_id,
+                    after,
                     send=self._send,
                     ttl_s=self.manifest_ttl_s,
                     limit=self.send_chunk,
                 )
-                if rollout.wave_started_at is None:
-                    rollout.wave_started_at = now
-                    log.info(
-                        "wave started",
-                        extra={"rollout": rollout.id, "wave": rollout.current_wave},
-                    )
-                rollout.updated_at = now
-            if len(unsent) < self.send_chunk:
+            if not unsent or len(unsent) < self.send_chunk:
                 return False
             after, sent = unsent[-1].position, sent + 1
             if chunks is not None and sent >= chunks:
@@ -452,34 +441,6 @@ class RolloutEngine:
         if await judge_wave(session, rollout, gates, wave_devices, now):
             await self._run_waves(session, rollout, now)
         return None
-
-    async def _send(
-        self,
-        session: AsyncSession,
-        rollout: Rollout,
-        rd: RolloutDevice,
-        now: datetime,
-        base: ModelManifest | None = None,
-        *,
-        activate_after: datetime | None = None,
-    ) -> None:
-        """Send ``rd`` its manifest (``base``: the rollout's, validated once for a chunk);
-        with ``activate_after``, its device timeout counts from then."""
-        device = await session.get(Device, rd.device_id)
-        if device is None:
-            rd.state = DeviceRolloutState.TIMED_OUT
-            rd.reason = "device no longer in the inventory"
-            return
-        manifest = for_device(
-            base or rollout.manifest,
-            device.id,
-            now,
-            self.manifest_ttl_s,
-            activate_after=activate_after,
-        )
-        device.desired = {**device.desired, rollout.model: self.keys.sign_message(manifest)}
-        rd.state, rd.sent_at, rd.updated_at = DeviceRolloutState.SENT, activate_after or now, now
-        self._publish_desired(device)
 
     def _publish_desired(self, device: Device) -> None:
         """Publish ``device``'s desired state once the step's transaction commits."""

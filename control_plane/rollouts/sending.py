@@ -13,8 +13,10 @@ refused whole at its fence and begun again from nothing.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -22,7 +24,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from common.protocol.messages import ModelManifest
 from control_plane.db.models import Device, Rollout, RolloutDevice
 from control_plane.rollouts.events import CHUNK
-from control_plane.rollouts.states import DeviceRolloutState
+from control_plane.rollouts.manifests import for_device
+from control_plane.rollouts.states import DeviceRolloutState, RolloutState
 from control_plane.rollouts.windows import held_devices, held_reason
 
 SEND_CHUNK = 1000
@@ -36,7 +39,11 @@ leader's lease renewals with it, until its own fence finds the lease lapsed and 
 whole transaction (which is then begun again, and refused again)."""
 
 Send = Callable[..., Awaitable[None]]
-"""``RolloutEngine._send``: ``(session, rollout, row, now, base, *, activate_after=...)``."""
+""":func:`send_manifest` with its signing and publishing bound (the engine's ``_send``):
+``(session, rollout, row, now, base, *, activate_after=...)``."""
+Sign = Callable[[ModelManifest], dict[str, Any]]
+Publish = Callable[[Device], None]
+log = logging.getLogger("edgefleet.control_plane.rollouts")
 
 
 async def pending_chunk(
@@ -57,6 +64,40 @@ async def pending_chunk(
         .limit(limit)
     )
     return list(rows.scalars())
+
+
+async def send_next_chunk(
+    session: AsyncSession,
+    rollout_id: int,
+    after: int,
+    *,
+    send: Send,
+    ttl_s: float,
+    limit: int = SEND_CHUNK,
+) -> list[RolloutDevice]:
+    """One transaction of the engine's ``_send_pending``: the next ``limit`` pending devices of
+    the rollout's current wave past position ``after`` (:func:`pending_chunk`) sent their
+    manifests; none when the rollout is not running, or its step decides when its wave goes
+    (a shadow phase)."""
+    rollout = (
+        await session.execute(select(Rollout).where(Rollout.id == rollout_id).with_for_update())
+    ).scalar_one_or_none()
+    if (
+        rollout is None
+        or rollout.state is not RolloutState.RUNNING
+        or rollout.shadow is not None  # its step decides when the wave goes
+    ):
+        return []
+    unsent = await pending_chunk(session, rollout, after, limit)
+    if not unsent:
+        return []
+    now = datetime.now(UTC)
+    await send_unsent(session, rollout, unsent, now, send=send, ttl_s=ttl_s, limit=limit)
+    if rollout.wave_started_at is None:
+        rollout.wave_started_at = now
+        log.info("wave started", extra={"rollout": rollout.id, "wave": rollout.current_wave})
+    rollout.updated_at = now
+    return unsent
 
 
 async def send_unsent(
@@ -110,3 +151,34 @@ async def load_devices(session: AsyncSession, device_ids: list[str]) -> list[Dev
         chunk = device_ids[start : start + CHUNK]
         devices += (await session.execute(select(Device).where(Device.id.in_(chunk)))).scalars()
     return devices
+
+
+async def send_manifest(
+    session: AsyncSession,
+    rollout: Rollout,
+    rd: RolloutDevice,
+    now: datetime,
+    base: ModelManifest | None = None,
+    *,
+    activate_after: datetime | None = None,
+    sign: Sign,
+    ttl_s: float,
+    publish: Publish,
+) -> None:
+    """Send ``rd`` its manifest (``base``: the rollout's, validated once for a chunk);
+    with ``activate_after``, its device timeout counts from then."""
+    device = await session.get(Device, rd.device_id)
+    if device is None:
+        rd.state = DeviceRolloutState.TIMED_OUT
+        rd.reason = "device no longer in the inventory"
+        return
+    manifest = for_device(
+        base or rollout.manifest,
+        device.id,
+        now,
+        ttl_s,
+        activate_after=activate_after,
+    )
+    device.desired = {**device.desired, rollout.model: sign(manifest)}
+    rd.state, rd.sent_at, rd.updated_at = DeviceRolloutState.SENT, activate_after or now, now
+    publish(device)
