@@ -170,7 +170,14 @@ def test_init_writes_a_broker_and_a_control_plane_that_logs_in(
     conf = fleet / "broker" / "mosquitto.conf"
     assert "persistence true" in conf.read_text().splitlines()
     # the next commands, in the order they run
-    steps = ["mosquitto", "-c", "control-plane --config", "add-device", "kill -HUP", "agent"]
+    # (whole commands: a temporary directory's random name may hold "-c" or "agent")
+    steps = [
+        "mosquitto -c",
+        "edgefleet control-plane --config",
+        "edgefleet fleet add-device",
+        "kill -HUP",
+        "edgefleet agent --config",
+    ]
     positions = [done.stdout.index(step) for step in steps]
     assert positions == sorted(positions), done.stdout
 
