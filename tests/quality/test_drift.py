@@ -108,9 +108,18 @@ def test_shifted_traffic_pauses_the_rollout_and_unshifted_does_not(
     health.write_text("[health]\nwindow_s = 0.2\nmin_requests = 100000\nself_test = true\n")
     for version in ("2", "3"):
         pushed = edgefleet(
-            cp, "models", "push", "digits", version, str(version_dir), "--config", str(health),
-            "--reference", str(reference), "--no-optimise",
-        )  # fmt: off
+            cp,
+            "models",
+            "push",
+            "digits",
+            version,
+            str(version_dir),
+            "--config",
+            str(health),
+            "--reference",
+            str(reference),
+            "--no-optimise",
+        )
         assert pushed.returncode == 0, pushed.stdout + pushed.stderr
         assert edgefleet(cp, "models", "validate", "digits", version).returncode == 0
     with np.load(reference) as data:

@@ -23,9 +23,17 @@ def test_a_cpu_device_serves_the_int8_variant_after_its_self_test(
     health = tmp_path / "serving.toml"
     health.write_text("[health]\nwindow_s = 0.2\nmin_requests = 100000\nself_test = true\n")
     pushed = edgefleet(
-        cp, "models", "push", "digits", "2", str(version_dir), "--config", str(health),
-        "--reference", str(version_dir / "reference.npz"),
-    )  # fmt: off
+        cp,
+        "models",
+        "push",
+        "digits",
+        "2",
+        str(version_dir),
+        "--config",
+        str(health),
+        "--reference",
+        str(version_dir / "reference.npz"),
+    )
     assert pushed.returncode == 0 and "int8: built" in pushed.stdout, pushed.stdout
     assert edgefleet(cp, "models", "validate", "digits", "2").returncode == 0
     int8 = cp.admin.get("/api/v1/models/digits/versions/2").json()["variants"][1]

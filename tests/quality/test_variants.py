@@ -27,9 +27,15 @@ def test_push_with_reference_builds_judged_variants_per_profile(
 ) -> None:
     version_dir = examples / "digits/1"
     pushed = edgefleet(
-        cp, "models", "push", "digits", "1", str(version_dir),
-        "--reference", str(version_dir / "reference.npz"),
-    )  # fmt: off
+        cp,
+        "models",
+        "push",
+        "digits",
+        "1",
+        str(version_dir),
+        "--reference",
+        str(version_dir / "reference.npz"),
+    )
     assert pushed.returncode == 0, pushed.stderr
     out = pushed.stdout
     assert "uploaded" in out and "(reference set)" in out
@@ -110,9 +116,17 @@ def test_a_variant_past_the_threshold_is_refused_with_its_numbers(
         labels=np.concatenate([[0], labels]),
     )
     pushed = edgefleet(
-        cp, "models", "push", "digits", "2", str(examples / "digits/1"),
-        "--reference", str(reference), "--max-accuracy-drop", "0.01",
-    )  # fmt: off
+        cp,
+        "models",
+        "push",
+        "digits",
+        "2",
+        str(examples / "digits/1"),
+        "--reference",
+        str(reference),
+        "--max-accuracy-drop",
+        "0.01",
+    )
     assert pushed.returncode == 0, pushed.stderr
     refused = next(line for line in pushed.stdout.splitlines() if line.startswith("int8:"))
     assert refused.startswith("int8: refused: accuracy "), refused
@@ -131,9 +145,16 @@ def test_agreement_judges_a_model_without_labels_and_optimize_rebuilds(
 ) -> None:
     version_dir = examples / "mlp/1"
     pushed = edgefleet(
-        cp, "models", "push", "mlp", "1", str(version_dir),
-        "--reference", str(version_dir / "reference.npz"), "--no-optimise",
-    )  # fmt: off
+        cp,
+        "models",
+        "push",
+        "mlp",
+        "1",
+        str(version_dir),
+        "--reference",
+        str(version_dir / "reference.npz"),
+        "--no-optimise",
+    )
     assert pushed.returncode == 0, pushed.stderr
     assert "int8:" not in pushed.stdout
     again = edgefleet(cp, "models", "optimize", "mlp", "1", "--max-accuracy-drop", "0.5")
