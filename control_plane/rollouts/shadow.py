@@ -29,6 +29,7 @@ from common.protocol.shadow import ShadowStage
 from control_plane.db.models import Device, Rollout, RolloutDevice, ShadowReportRecord
 from control_plane.rollouts.events import CHUNK
 from control_plane.rollouts.manifests import for_device
+from control_plane.rollouts.rollback import restore_desired
 from control_plane.rollouts.spec import ShadowSpec
 from control_plane.rollouts.states import FAILED, DeviceRolloutState
 
@@ -111,7 +112,7 @@ async def withdraw_shadows(
             if rd.wave != int(wave):
                 continue
             if rd.state is DeviceRolloutState.PENDING or rd.state in FAILED:
-                await _restore(session, rollout, rd, publish)
+                await restore_desired(session, rollout, rd, publish)
             if rd.state is DeviceRolloutState.PENDING:
                 rd.state, rd.reason, rd.updated_at = DeviceRolloutState.REVERTED, WITHDRAWN, now
         _save(rollout, wave, {**state, "withdrawn": True})
@@ -187,21 +188,6 @@ async def _stage(
     rd.reason, rd.updated_at = "shadowing: the candidate is staged, not switched to", now
     publish(device)
     return 1
-
-
-async def _restore(
-    session: AsyncSession, rollout: Rollout, rd: RolloutDevice, publish: Publish
-) -> None:
-    device = await session.get(Device, rd.device_id)
-    if device is None:
-        return
-    desired = dict(device.desired)
-    if rd.previous_desired:
-        desired[rollout.model] = rd.previous_desired
-    else:
-        desired.pop(rollout.model, None)
-    device.desired = desired
-    publish(device)
 
 
 def _save(rollout: Rollout, wave: str, state: dict[str, Any]) -> None:
