@@ -30,6 +30,7 @@ batching. Names carry their units, as Triton's and pytriton's do::
 from __future__ import annotations
 
 import tomllib
+from enum import StrEnum
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -136,6 +137,25 @@ class WarmupConfig(_Strict):
     """Refuse to load a version that has no golden.npz."""
 
 
+class PayloadLogMode(StrEnum):
+    DIGEST = "digest"
+    """Each tensor's datatype, shape and SHA-256."""
+    TENSORS = "tensors"
+    """The digest and the tensor's bytes (base64), where they fit ``max_tensor_bytes``."""
+
+
+class PayloadLogConfig(_Strict):
+    """Log this model's requests and responses (docs/agent.md, "Payload logging"); where the
+    records go is the agent's ``[payload_log]``."""
+
+    enabled: bool = False
+    sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Fraction of answered requests recorded."""
+    mode: PayloadLogMode = PayloadLogMode.DIGEST
+    max_tensor_bytes: int = Field(default=65536, ge=0)
+    """In ``tensors`` mode, a tensor larger than this is logged as its digest only."""
+
+
 class ModelConfig(_Strict):
     description: str = ""
     """Free text shown in metadata."""
@@ -155,6 +175,8 @@ class ModelConfig(_Strict):
     pipeline: PipelineConfig | None = None
     """Processing steps and model calls served as this model (docs/pipelines.md); a
     version's own pipeline.toml takes its place for that version."""
+    payload_log: PayloadLogConfig = PayloadLogConfig()
+    """A sampled log of this model's request and response tensors (off by default)."""
 
 
 def parse_model_config(text: str, source: str) -> ModelConfig:

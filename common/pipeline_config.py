@@ -217,6 +217,9 @@ class PythonStep(_Step):
     """Step tensor = pipeline tensor."""
     parameters: dict[str, str | int | float | bool] = Field(default_factory=dict)
     """Given to the file's ``setup(parameters)``."""
+    network: bool = False
+    """Whether the step may use the network; off, its worker has no network interface at all
+    (where the host lets the agent make namespaces, docs/pipelines.md)."""
 
     def reads(self) -> list[str]:
         return list(self.inputs.values())

@@ -7,7 +7,10 @@ Errors carry a stable ``code``; ``agent/api/errors.py`` maps them to statuses::
 
     StepError                 code
     +-- StepInputError        step_input_invalid    400: what a step got is not usable
-    +-- ImageTooLargeError    image_too_large       413: past pipelines.max_image_pixels
+    +-- ImageTooLargeError    image_too_large       413: past pipelines.max_image_pixels or
+    |                                                      max_request_pixels
+    +-- DecodeBusyError       decode_budget_full    503: the images decoded across requests
+    |                                                      hold pipelines.max_decoded_pixels
     +-- StepFailedError       step_failed           422: a step raised (its message)
     +-- StepCrashedError      step_crashed          502: a Python step's worker died
     +-- StepTimeoutError      step_timeout          504: a step passed its timeout
@@ -18,7 +21,9 @@ Each message names the step.
 from __future__ import annotations
 
 import io
+import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -61,6 +66,13 @@ class ImageTooLargeError(StepError):
     code = "image_too_large"
 
 
+class DecodeBusyError(StepError):
+    """The images of requests in flight hold the decode budget: retry in a moment."""
+
+    code = "decode_budget_full"
+    retry_after_s = 1
+
+
 class StepFailedError(StepError):
     code = "step_failed"
 
@@ -91,6 +103,8 @@ def bind(
     version_dir: Path,
     image_size: tuple[int, int] | None,
     max_pixels: int,
+    max_request_pixels: int,
+    budget: DecodeBudget | None = None,
 ) -> StepFn:
     """The step as a function; ``image_size`` (height, width) is the own model's image input
     size, for a resize or crop that gives none.
@@ -100,7 +114,11 @@ def bind(
     """
     match step:
         case DecodeImage():
-            return _one(step.input, step.output, lambda x: _decode(name, x, step.mode, max_pixels))
+            return _one(
+                step.input,
+                step.output,
+                lambda x: _decode(name, x, step.mode, max_pixels, max_request_pixels, budget),
+            )
         case Resize():
             size = step.size or (None if step.shorter_side else image_size)
             if size is None and step.shorter_side is None:
@@ -153,35 +171,103 @@ def _one(source: str, target: str, fn: Callable[[np.ndarray], np.ndarray]) -> St
     return lambda tensors: {target: fn(tensors[source])}
 
 
-def _decode(name: str, data: np.ndarray, mode: str, max_pixels: int) -> np.ndarray:
-    if data.dtype != object:
-        raise StepInputError(f"step {name}: expects BYTES (encoded images), got {data.dtype}")
-    out = np.empty(data.size, dtype=object)
-    for i, item in enumerate(data.reshape(-1)):
-        if not isinstance(item, bytes):
-            raise StepInputError(f"step {name}: element {i} is not bytes", field=name)
-        try:
-            with warnings.catch_warnings():
-                # NOTE: Pillow warns (DecompressionBombWarning) before our own limit applies
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                image = Image.open(io.BytesIO(item))
-            pixels = image.width * image.height  # from the header: nothing decoded yet
-            if pixels > max_pixels:
-                raise ImageTooLargeError(
-                    f"step {name}: image {i} is {image.width}x{image.height} = {pixels} pixels, "
-                    f"more than the limit of {max_pixels} (pipelines.max_image_pixels)",
+class DecodeBudget:
+    """Pixels of decoded images alive at once across every request: a decode takes its
+    request's share before it decodes, and gives it back when its images are let go (their
+    array is collected), whatever the pipeline does with them meanwhile."""
+
+    def __init__(self, max_pixels: int) -> None:
+        self.max_pixels = max_pixels
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def take(self, name: str, pixels: int, images: np.ndarray) -> None:
+        """Hold ``pixels`` while ``images`` lives.
+
+        Raises:
+            DecodeBusyError: the budget cannot hold them now.
+        """
+        with self._lock:
+            if self.held and self.held + pixels > self.max_pixels:
+                raise DecodeBusyError(
+                    f"step {name}: {self.held} pixels of other requests' images are decoded; "
+                    f"{pixels} more would pass pipelines.max_decoded_pixels "
+                    f"({self.max_pixels}); retry",
                     field=name,
                 )
-            if image.format not in ("JPEG", "PNG"):
-                raise StepInputError(
-                    f"step {name}: image {i} is {image.format}, not JPEG or PNG", field=name
-                )
-            out[i] = image.convert(mode)
-        except UnidentifiedImageError:
-            raise StepInputError(
-                f"step {name}: image {i} is not a JPEG or PNG image ({len(item)} bytes)",
+            self.held += pixels
+        weakref.finalize(images, self._give_back, pixels)
+
+    def _give_back(self, pixels: int) -> None:
+        with self._lock:
+            self.held -= pixels
+
+
+def _open(name: str, i: int, item: object, max_pixels: int) -> Image.Image:
+    """Image ``i`` opened (its header read, nothing decoded), within ``max_pixels``."""
+    if not isinstance(item, bytes):
+        raise StepInputError(f"step {name}: element {i} is not bytes", field=name)
+    try:
+        with warnings.catch_warnings():
+            # NOTE: Pillow warns (DecompressionBombWarning) before our own limit applies
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(item))
+    except Image.DecompressionBombError as exc:  # past twice Pillow's own limit
+        raise ImageTooLargeError(
+            f"step {name}: image {i} is larger than the limit of {max_pixels} pixels "
+            f"(pipelines.max_image_pixels): {exc}",
+            field=name,
+        ) from None
+    except UnidentifiedImageError:
+        raise StepInputError(
+            f"step {name}: image {i} is not a JPEG or PNG image ({len(item)} bytes)", field=name
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise StepInputError(f"step {name}: image {i} cannot be read: {exc}", field=name) from None
+    pixels = image.width * image.height  # from the header: nothing decoded yet
+    if pixels > max_pixels:
+        raise ImageTooLargeError(
+            f"step {name}: image {i} is {image.width}x{image.height} = {pixels} pixels, "
+            f"more than the limit of {max_pixels} (pipelines.max_image_pixels)",
+            field=name,
+        )
+    if image.format not in ("JPEG", "PNG"):
+        raise StepInputError(
+            f"step {name}: image {i} is {image.format}, not JPEG or PNG", field=name
+        )
+    return image
+
+
+def _decode(
+    name: str,
+    data: np.ndarray,
+    mode: str,
+    max_pixels: int,
+    max_request_pixels: int,
+    budget: DecodeBudget | None,
+) -> np.ndarray:
+    """Decode every image of a request, once all their headers are read and their pixels
+    together are within ``max_request_pixels``: ten images each under ``max_image_pixels``
+    would otherwise hold ten times that decoded."""
+    if data.dtype != object:
+        raise StepInputError(f"step {name}: expects BYTES (encoded images), got {data.dtype}")
+    opened, total = [], 0
+    for i, item in enumerate(data.reshape(-1)):
+        image = _open(name, i, item, max_pixels)
+        total += image.width * image.height
+        if total > max_request_pixels:
+            raise ImageTooLargeError(
+                f"step {name}: images 0-{i} are {total} pixels together, more than the limit "
+                f"of {max_request_pixels} a request (pipelines.max_request_pixels)",
                 field=name,
-            ) from None
+            )
+        opened.append(image)
+    out = np.empty(data.size, dtype=object)
+    if budget is not None:
+        budget.take(name, total, out)
+    for i, image in enumerate(opened):
+        try:
+            out[i] = image.convert(mode)
         except (OSError, ValueError, Image.DecompressionBombError) as exc:
             raise StepInputError(
                 f"step {name}: image {i} cannot be decoded: {exc}", field=name
@@ -330,5 +416,5 @@ def run_offline(
                 raise StepFailedError(f"step {name}: the model gave no {missing[0]!r}")
             tensors |= {outer: outputs[inner] for inner, outer in step.outputs.items()}
         else:
-            tensors |= bind(name, step, version_dir, size, 2**31)(tensors)
+            tensors |= bind(name, step, version_dir, size, 2**31, 2**31)(tensors)
     return {t.name: tensors[t.name] for t in config.outputs}

@@ -2,8 +2,9 @@
 
 A broker, the control plane and two agents of different hardware profiles start as separate
 processes; a new model version is pushed, validated and rolled out in waves (each device gets its
-own artifact) and answers inference; then a version that breaks on live traffic is rolled out and
-rolled back automatically by the health gate.
+own artifact) and answers inference; a generative model (``tiny-lm``) is rolled out with gates on
+its token latencies and completes a prompt on each device; then a version that breaks on live
+traffic is rolled out and rolled back automatically by the health gate.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import httpx
 import numpy as np
 import tomli_w
 
+from control_plane.db.states import FINISHED, RolloutState
+from control_plane.demo_generative import roll_out_generative
 from control_plane.provisioning.acl import CONTROL_PLANE_USER
 from control_plane.provisioning.mosquitto import FleetAccess
-from control_plane.rollouts.states import FINISHED, RolloutState
 from runtimes.examples import write_example_repository
 from runtimes.examples.variants import fragile_mlp_version, mlp_tflite_version, mlp_version
 
@@ -130,15 +132,16 @@ def run_demo(
         echo(f"== starting a broker, the control plane and two agents (logs in {logs})")
         cp_state = workdir / "control-plane"
         credentials: dict[str, dict[str, str]] = {}
+        cp_mqtt_url = mqtt_url
         if mqtt_url is None:
-            mqtt_url, credentials = _start_broker(stack, workdir, cp_state, log_level)
+            mqtt_url, cp_mqtt_url, credentials = _start_broker(stack, workdir, cp_state, log_level)
         cp_port = _free_port()
         cp_config = workdir / "control-plane.toml"
         cp_config.write_text(
             tomli_w.dumps(
                 {
                     "db_url": f"sqlite+aiosqlite:///{cp_state}/edgefleet.db",
-                    "mqtt_url": mqtt_url,
+                    "mqtt_url": cp_mqtt_url,
                     "port": cp_port,
                     "state_dir": str(cp_state),
                     "artifact_dir": str(cp_state / "artifacts"),
@@ -233,6 +236,9 @@ def run_demo(
                 f"{np.round(resp['outputs'][0]['data'][:3], 4).tolist()}"
             )
 
+        if not roll_out_generative(api, agents, workdir / "generative", echo, _follow):
+            return 1
+
         echo("== version 3: passes validation, but fails on some live traffic")
         _push(api, 3, [(fragile_mlp_version(workdir / "v3", seed=3), "onnx", [])])
         _validate(api, 3, echo)
@@ -256,9 +262,10 @@ def run_demo(
 
 def _start_broker(
     stack: ExitStack, workdir: Path, cp_state: Path, log_level: str
-) -> tuple[str, dict[str, dict[str, str]]]:
+) -> tuple[str, str, dict[str, dict[str, str]]]:
     """A private Mosquitto with a password per device and the fleet ACL (the control plane's
-    ``edgefleet fleet`` provisioning); return its URL and each client's credentials."""
+    ``edgefleet fleet`` provisioning); return the URLs of its devices' listener and of the
+    control plane's, and each client's credentials."""
     mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     if not Path(mosquitto).exists():
         raise RuntimeError(
@@ -271,15 +278,17 @@ def _start_broker(
         "mqtt_username": service.user,
         "mqtt_password": service.password_file.read_text(),
     }
-    port = _free_port()
+    port, cp_port = _free_port(), _free_port()
     # Started as root, mosquitto would drop to the "mosquitto" user: stay the user we are.
     owner = pwd.getpwuid(os.geteuid()).pw_name if os.geteuid() == 0 else None
-    conf = access.write_config(workdir / "broker", port=port, bind="127.0.0.1", owner=owner)
+    conf = access.write_config(
+        workdir / "broker", port=port, bind="127.0.0.1", owner=owner, control_plane_port=cp_port
+    )
     verbose = "log_type all\n" if log_level == "DEBUG" else ""
     conf.write_text(conf.read_text() + "log_dest stdout\n" + verbose)
     stack.enter_context(_process([mosquitto, "-c", str(conf)], workdir / "logs" / "mosquitto.log"))
     _wait("the broker", lambda: _port_open(port))
-    return f"mqtt://127.0.0.1:{port}", credentials
+    return f"mqtt://127.0.0.1:{port}", f"mqtt://127.0.0.1:{cp_port}", credentials
 
 
 def _push(api: httpx.Client, version: int, variants: list[tuple[Path, str, list[str]]]) -> None:

@@ -1,5 +1,6 @@
 """One device as text for the terminal (``edgefleet devices show``): presence, versions, labels,
-the models it serves and what its last telemetry said."""
+the models it serves, a switch a rollout scheduled (or a cancel withdrew) and what its last
+telemetry said."""
 
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ def device_lines(d: dict[str, Any]) -> list[str]:
         f"  labels         {labels or 'none'}",
         f"  models         {served or 'none'}",
     ]
+    for sw in d.get("switches", []):  # a switch scheduled for a window, or withdrawn
+        if sw["state"] == "scheduled":
+            words = f"scheduled at {sw['at']} (rollout {sw['rollout_id']})"
+        else:
+            words = f"withdrawn: rollout {sw['rollout_id']} cancelled, it never switches"
+        lines.append(f"  switch         {sw['model']} v{sw['version']} {words}")
     t = d["last_telemetry"]
     if t is None:
         return [*lines, "  telemetry      none yet"]

@@ -11,8 +11,8 @@ from sqlalchemy.engine import make_url
 
 from common.logs import configure_logging
 from common.server import GracefulServer
-from control_plane.api.app import create_app
 from control_plane.api.deps import Services
+from control_plane.app import create_app
 from control_plane.db.session import make_engine, migrate, session_factory
 from control_plane.ingest.ingestor import Ingestor
 from control_plane.ingest.presence import SilenceRule
@@ -63,9 +63,9 @@ def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
         manifest_path,
         root_key_path=root_path,
     )
-    metrics = FleetMetrics(
-        SilenceRule(settings.presence_timeout_s, settings.last_seen_resolution_s)
-    )
+    # the rule is ingest's; metrics counts by it and imports no area
+    silence = SilenceRule(settings.presence_timeout_s, settings.last_seen_resolution_s)
+    metrics = FleetMetrics(silence)
     ingestor = Ingestor(
         sessions,
         metrics,
@@ -84,6 +84,8 @@ def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
         ttl_s=settings.leader_lease_ttl_s,
         renew_interval_s=settings.leader_renew_interval_s,
     )
+    leadership.on_leader.append(lambda lead: metrics.leader_seen(lead.leader, lead.leading))
+    metrics.leader_seen(leadership.leader, leadership.leading)
     rollouts = RolloutEngine(
         sessions,
         bus,
@@ -98,7 +100,7 @@ def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
     ingestor.listeners.append(rollouts.on_events)
     ingestor.on_device_online.append(rollouts.on_device_online)
     store = ArtifactStore(settings.artifact_dir, settings.max_upload_bytes)
-    services = Services(settings, sessions, store, keys, bus, ingestor, rollouts, metrics)
+    services = Services(settings, sessions, store, keys, bus, ingestor, rollouts, metrics, silence)
     trust = TrustManager(sessions, keys, bus, settings.state_dir)
     # rollback commands it lost reach their devices at their next birth (rollouts.on_births)
     bus.on_broker_state_lost += [trust.ensure, rollouts.republish_desired]
@@ -113,7 +115,7 @@ def run(settings: ControlPlaneSettings) -> None:
     if settings.kubernetes.enabled:
         from control_plane.k8s.lifespan import attach  # the kubernetes client only then
 
-        attach(app, services, settings.kubernetes)
+        attach(app, services.engine, services.sessions, settings.kubernetes)
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from control_plane.rollouts.states import RolloutState
+from control_plane.db.states import RolloutState
 
 
 def _mb(n: int) -> str:
@@ -83,6 +83,8 @@ def status_lines(doc: dict[str, Any], now: datetime | None = None) -> list[str]:
     now = now or datetime.now(UTC)
     head = f"rollout {doc['id']}: {doc['model']} v{doc['version']} {doc['state']}"
     lines = [head + (f" ({doc['reason']})" if doc["reason"] else "")]
+    if doc.get("cancelled"):
+        lines.append(f"  {doc['cancelled']['summary']}")
     running = doc["state"] == RolloutState.RUNNING
     for w in doc["waves"]:
         current = running and w["wave"] == doc["current_wave"]

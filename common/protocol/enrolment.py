@@ -2,7 +2,7 @@
 control plane's ``POST /api/v1/enrol`` (the token itself in ``Authorization: Bearer``, checked
 before the body is read), and the answer. A refusal is an HTTP error (401, 403, 409) whose JSON
 body is ``{"error": message, "code": ..., "reason": ...}``, the reason one of
-``control_plane.enrolment.states.Refusal``."""
+``control_plane.db.states.Refusal``."""
 
 from __future__ import annotations
 

@@ -52,7 +52,8 @@ class ArtifactVariant(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    format: Literal["onnx", "openvino_ir", "tflite"]
+    format: Literal["onnx", "openvino_ir", "tflite", "genai"]
+    """``genai``: a generative model's whole folder (``genai_config.json``, decoder, tokenizer)."""
     profiles: list[str] = Field(default_factory=list)
     """Hardware profiles this variant is for; empty means any device that can run the format."""
     files: list[FileRef] = Field(min_length=1)
@@ -241,6 +242,25 @@ class UpdateEvent(_Message):
     committed or rolled back when it ends, or sooner on failures)."""
 
 
+class GenerativeTelemetry(BaseModel):
+    """A generative version's window: tokens in and out, and the token latencies its users
+    feel (p99 over the sequences and gaps of the window). Its sequences are the window's
+    ``requests``; those a model step failed are its ``errors``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_tokens: int = Field(default=0, ge=0)
+    generated_tokens: int = Field(default=0, ge=0)
+    ttft_p99_ms: float | None = None
+    """Time to first token, p99 over the first tokens of the window."""
+    inter_token_p99_ms: float | None = None
+    """Between consecutive tokens of a sequence, p99 over the gaps of the window."""
+    cost_per_1k_tokens: float | None = Field(default=None, ge=0)
+    """The device's cost over the window (its ``device_hourly_cost``) per thousand tokens this
+    version generated in it, as ``edgefleet_cost_per_1k_predictions`` charges the whole device;
+    None without a cost set or tokens generated."""
+
+
 class ModelTelemetry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -261,6 +281,8 @@ class ModelTelemetry(BaseModel):
     """What batch tuning measured for this version, in the first window after its load."""
     inputs: list[InputSketch] = Field(default_factory=list)
     """Sketches of what this version's inputs looked like over the window (drift)."""
+    generative: GenerativeTelemetry | None = None
+    """Set for a generative model's version: its tokens and token latencies."""
 
 
 class DeviceTelemetry(BaseModel):

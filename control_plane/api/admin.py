@@ -11,11 +11,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import Response
 
 from control_plane.api import audit
-from control_plane.api.auth import Principal, Role, create_token
 from control_plane.api.body import json_body, json_request
 from control_plane.api.deps import ADMIN, SESSION, VIEWER, json_response
 from control_plane.db.models import NAME_LENGTH, AuditEntry
 from control_plane.db.session import stored_utc
+from control_plane.tokens import Principal, Role, create_token
 
 router = APIRouter(prefix="/api/v1", tags=["Administration"])
 

@@ -19,9 +19,9 @@ from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from control_plane.api.auth import Principal
 from control_plane.api.deps import field_error, services
 from control_plane.errors import Invalid, TooLarge
+from control_plane.tokens import Principal
 
 BodyT = TypeVar("BodyT", bound=BaseModel)
 

@@ -14,16 +14,17 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from starlette.responses import Response
 
-from control_plane.api.auth import Principal, Role, authenticate
 from control_plane.db.session import database_unavailable
 from control_plane.errors import ControlPlaneError, Forbidden, Unauthorized
 from control_plane.ingest.ingestor import Ingestor
+from control_plane.ingest.presence import SilenceRule
 from control_plane.metrics import FleetMetrics
 from control_plane.mqtt.bus import FleetBus
 from control_plane.registry.store import ArtifactStore
 from control_plane.rollouts.engine import RolloutEngine
 from control_plane.settings import ControlPlaneSettings
 from control_plane.signing.keys import KeyRing
+from control_plane.tokens import Principal, Role, authenticate
 
 log = logging.getLogger("edgefleet.control_plane.api")
 
@@ -55,6 +56,8 @@ class Services:
     ingestor: Ingestor
     engine: RolloutEngine
     metrics: FleetMetrics
+    silence: SilenceRule
+    """When a device counts as silent: the API judges presence by the rule ``metrics`` counts by."""
 
 
 def services(request: Request) -> Services:

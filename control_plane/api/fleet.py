@@ -13,7 +13,6 @@ from sqlalchemy.orm import selectinload
 from starlette.responses import Response
 
 from control_plane.api import audit
-from control_plane.api.auth import Principal
 from control_plane.api.body import json_body, json_request
 from control_plane.api.deps import (
     INT32_MAX,
@@ -35,10 +34,13 @@ from control_plane.db.models import (
     UpdateEventRecord,
 )
 from control_plane.db.session import stored_utc
+from control_plane.db.states import RolloutState
 from control_plane.errors import Invalid, NotFound
 from control_plane.ingest.presence import Presence
+from control_plane.rollouts.cancel import CancelOutcome, device_switches
 from control_plane.rollouts.phases import device_phases, phase_doc
 from control_plane.rollouts.spec import RolloutSpec
+from control_plane.tokens import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["Fleet"])
 LABELS = Query(default=[], description="key=value; repeat for several")
@@ -47,7 +49,7 @@ LABELS = Query(default=[], description="key=value; repeat for several")
 def presence_of(request: Request, d: Device, now: datetime | None = None) -> Presence:
     """``d``'s presence: its last status, checked against how long it has been silent."""
     svc = services(request)
-    return svc.metrics.silence.presence(
+    return svc.silence.presence(
         d.online,
         d.last_seen,
         d.telemetry_interval_s,
@@ -130,8 +132,8 @@ def _filter(
 
 
 def _presence_sql(request: Request, now: datetime) -> Any:
-    metrics = services(request).metrics
-    return presence_sql(metrics.silence, now, metrics.hearing_since)
+    svc = services(request)
+    return presence_sql(svc.silence, now, svc.metrics.hearing_since)
 
 
 @router.get(
@@ -214,6 +216,8 @@ async def show_device(
     doc = device_doc(device, presence_of(request, device))
     # what the device itself last said, model or not: its load and what it could not send
     doc["last_telemetry"] = await last_telemetry(s, device_id)
+    # a switch a rollout scheduled for a maintenance window, or a cancel withdrew
+    doc["switches"] = await device_switches(s, device_id, datetime.now(UTC))
     return json_response(doc)
 
 
@@ -312,6 +316,10 @@ def rollout_doc(r: Rollout) -> dict[str, Any]:
         "deployment_id": r.deployment_id,
         "created_at": stored_utc(r.created_at).isoformat(),
         "updated_at": stored_utc(r.updated_at).isoformat(),
+        # what a cancel left on the devices (control_plane.rollouts.cancel)
+        "cancelled": (
+            CancelOutcome.of(r).doc(r.version) if r.state is RolloutState.CANCELLED else None
+        ),
         "devices": [
             {
                 "device_id": d.device_id,
@@ -388,7 +396,8 @@ async def show_rollout(
 
 @router.post(
     "/rollouts/{rollout_id}/{action}",
-    summary="pause, resume, abort (rolls back) or cancel (does not)",
+    summary="pause, resume, abort (rolls back) or cancel (does not; withdraws scheduled "
+    "switches: the answer's ``cancelled`` says what each device keeps)",
 )
 async def act_on_rollout(
     action: str, request: Request, rollout_id: int = ROW_ID, who: Principal = OPERATOR
@@ -483,6 +492,12 @@ async def telemetry(
                 "p95_ms": r.p95_ms,
                 "p99_ms": r.p99_ms,
                 "queue_depth": r.queue_depth,
+                "prompt_tokens": r.prompt_tokens,
+                "generated_tokens": r.generated_tokens,
+                "tokens_per_s": r.generated_tokens / r.window_s if r.window_s > 0 else None,
+                "ttft_p99_ms": r.ttft_p99_ms,
+                "inter_token_p99_ms": r.inter_token_p99_ms,
+                "cost_per_1k_tokens": r.cost_per_1k_tokens,
             }
             for r in rows
         ]

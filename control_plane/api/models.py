@@ -14,7 +14,6 @@ from sqlalchemy.orm import selectinload
 from starlette.responses import Response, StreamingResponse
 
 from control_plane.api import audit
-from control_plane.api.auth import Principal
 from control_plane.api.body import json_body, json_request
 from control_plane.api.deps import (
     INDEX,
@@ -42,13 +41,14 @@ from control_plane.registry.store import (
     record_artifact,
 )
 from control_plane.registry.validation import validate
+from control_plane.tokens import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["Model registry"])
 artifacts = APIRouter(tags=["Artifacts"])
 
 
 class VariantSpec(BaseModel):
-    format: Literal["onnx", "openvino_ir", "tflite"]
+    format: Literal["onnx", "openvino_ir", "tflite", "genai"]
     profiles: list[str] = Field(default_factory=list)
 
 

@@ -12,7 +12,7 @@ from control_plane.api.deps import services
 from control_plane.console import views
 from control_plane.console.api import ApiRefused
 from control_plane.console.web import OPERATOR, BadForm, Operator, form, redirect, render
-from control_plane.rollouts.states import ACTIVE, RolloutState
+from control_plane.db.states import ACTIVE, RolloutState
 from control_plane.status_view import gate_words, phase_words
 
 router = APIRouter(prefix="/ui", include_in_schema=False)

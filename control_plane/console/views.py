@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from control_plane.db.states import ACTIVE
 from control_plane.ingest.presence import Presence
-from control_plane.rollouts.states import ACTIVE
 
 PAGE_SIZE = 50
 """Devices on one page of the device list."""

@@ -13,7 +13,6 @@ from fastapi.staticfiles import StaticFiles
 from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from control_plane.api.auth import Role, authenticate
 from control_plane.api.deps import services
 from control_plane.console.api import ApiRefused, ConsoleApi, in_process_client
 from control_plane.console.sessions import (
@@ -24,6 +23,7 @@ from control_plane.console.sessions import (
     secure_headers,
     set_cookie,
 )
+from control_plane.tokens import Role, authenticate
 
 HERE = Path(__file__).parent
 MAX_FORM_BYTES = 64 * 1024

@@ -24,7 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-from control_plane.rollouts.states import DeviceRolloutState, RolloutState
+from control_plane.db.states import DeviceRolloutState, RolloutState
 
 NAME_LENGTH = 128
 """Width of the name columns (models, devices, tokens): PostgreSQL refuses a longer value, so
@@ -233,6 +233,16 @@ class TelemetrySample(Base):
     p95_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     p99_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     queue_depth: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """A generative version's tokens in over the window (0 for a batch model)."""
+    generated_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """A generative version's tokens out over the window."""
+    ttft_p99_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """A generative version's p99 time to first token over the window."""
+    inter_token_p99_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """A generative version's p99 time between tokens over the window."""
+    cost_per_1k_tokens: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """The device's cost over the window per thousand tokens the version generated."""
 
 
 class DeviceSample(Base):
@@ -503,3 +513,28 @@ class InputDrift(Base):
     """Where the PSI is largest: ``input[3]``, ``input[*]`` for all of an input's values."""
     features: Mapped[list[Any]] = mapped_column(default=list)
     """Every feature's drift: input, feature, psi, ks, wasserstein, live and reference mean."""
+
+
+class DriftSketch(Base):
+    """What the drift monitor holds of one device's windows of one model version: their
+    sketches merged with decay, and the last telemetry ``seq`` merged. Every replica merges
+    into it and judges from it, and a restarted one goes on from it
+    (:mod:`control_plane.quality.drift_monitor`)."""
+
+    __tablename__ = "drift_sketches"
+    __table_args__ = (UniqueConstraint("model", "version", "device_id", name="uq_drift_sketches"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    version: Mapped[int] = mapped_column(Integer)
+    device_id: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    last_seq: Mapped[int] = mapped_column(BigInteger)
+    """The newest telemetry message merged (``sketch["seqs"]``: the last ones merged, so that
+    none sent again is merged twice)."""
+    rows: Mapped[float] = mapped_column(Float)
+    windows: Mapped[int] = mapped_column(Integer)
+    over: Mapped[bool] = mapped_column(Boolean, default=False)
+    """Over the alert threshold when last judged (an alert is raised once per crossing)."""
+    sketch: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """Each input's relative accuracy and each feature's bins, count and total."""
+    updated_at: Mapped[datetime] = mapped_column(index=True)

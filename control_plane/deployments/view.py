@@ -25,7 +25,7 @@ from sqlalchemy import Text, cast, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import Deployment, Device, Rollout, RolloutDevice
-from control_plane.rollouts.states import ACTIVE, FAILED, DeviceRolloutState, RolloutState
+from control_plane.db.states import ACTIVE, FAILED, DeviceRolloutState, RolloutState
 
 GIVEN_UP_ROLLOUTS = (RolloutState.ROLLED_BACK, RolloutState.CANCELLED)
 GIVEN_UP_DEVICES = FAILED | {DeviceRolloutState.REVERTED, DeviceRolloutState.REVERT_TIMED_OUT}

@@ -11,12 +11,15 @@ import signal
 from pathlib import Path
 from typing import Protocol
 
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from common.protocol.topics import Topics
 from control_plane.enrolment.batching import GroupCommit
 from control_plane.enrolment.dynsec import DynsecAdmin
-from control_plane.enrolment.settings import AccountsKind
+from control_plane.enrolment.identity import AccountsLock
 from control_plane.provisioning.mosquitto import FleetAccess
 from control_plane.settings import ControlPlaneSettings
+from control_plane.settings.enrolment import AccountsKind
 
 log = logging.getLogger("edgefleet.control_plane.enrolment")
 TRAILING_RELOADS = (1, 2, 4, 8)
@@ -25,8 +28,9 @@ TRAILING_RELOADS = (1, 2, 4, 8)
 
 
 class BrokerAccounts(Protocol):
-    async def issue(self, device_id: str) -> str:
-        """Create or replace ``device_id``'s broker user; return its new password."""
+    async def issue(self, device_id: str, password: str | None = None) -> str:
+        """Create or replace ``device_id``'s broker user with ``password`` (None: a new
+        random one); return the password."""
         ...
 
     async def remove(self, device_id: str) -> None:
@@ -36,7 +40,8 @@ class BrokerAccounts(Protocol):
 
 class PasswordFileAccounts:
     """Devices enrolling at once share one write of the files and one reload
-    (:class:`GroupCommit`): a reload makes Mosquitto reread every user."""
+    (:class:`GroupCommit`): a reload makes Mosquitto reread every user. Each write loads,
+    adds and rewrites the files under ``lock``, which holds across replicas."""
 
     def __init__(
         self,
@@ -45,11 +50,14 @@ class PasswordFileAccounts:
         *,
         max_batch: int = 1000,
         reload_interval_s: float = 1.0,
+        lock: AccountsLock | None = None,
     ) -> None:
         self.state_dir = state_dir
         self.topics = topics
         self.reload_interval_s = reload_interval_s
-        self._lock = asyncio.Lock()
+        self._lock = lock or AccountsLock(state_dir / "mqtt")
+        self._wanted: dict[str, str] = {}
+        """The password each queued device is to get, where the caller chose it."""
         self.batches: GroupCommit[str] = GroupCommit(
             self._issue_batch, max_batch=max_batch, min_interval_s=reload_interval_s
         )
@@ -57,17 +65,20 @@ class PasswordFileAccounts:
         self.signals = 0
         """SIGHUPs sent (for tests and benchmarks)."""
 
-    async def issue(self, device_id: str) -> str:
+    async def issue(self, device_id: str, password: str | None = None) -> str:
+        if password is not None:  # the same device asking twice asks for the same one
+            self._wanted[device_id] = password
         return await self.batches.submit(device_id)
 
     async def _issue_batch(self, device_ids: list[str]) -> dict[str, str | Exception]:
-        async with self._lock:  # one writer of the files at a time
-            results, pid_file = await asyncio.to_thread(self._issue, device_ids)
+        wanted = {d: self._wanted.pop(d, None) for d in device_ids}
+        async with self._lock.held():  # one writer of the files at a time, in any process
+            results, pid_file = await asyncio.to_thread(self._issue, wanted)
         self._reload_again(pid_file)
         return results
 
     async def remove(self, device_id: str) -> None:
-        async with self._lock:
+        async with self._lock.held():
             pid_file = await asyncio.to_thread(self._remove, device_id)
         self._reload_again(pid_file)
 
@@ -102,12 +113,14 @@ class PasswordFileAccounts:
         reload_broker(out / "data" / "mosquitto.pid")
         return out / "data" / "mosquitto.pid"
 
-    def _issue(self, device_ids: list[str]) -> tuple[dict[str, str | Exception], Path | None]:
-        access = FleetAccess(self.state_dir, self.topics)
+    def _issue(
+        self, device_ids: dict[str, str | None]
+    ) -> tuple[dict[str, str | Exception], Path | None]:
+        access = FleetAccess(self.state_dir, self.topics)  # loaded under the lock
         results: dict[str, str | Exception] = {}
-        for device_id in device_ids:
+        for device_id, password in device_ids.items():
             try:
-                results[device_id] = access.issue_device(device_id)
+                results[device_id] = access.issue_device(device_id, password)
             except ValueError as exc:  # a bad id fails alone, not its batch
                 results[device_id] = exc
         access.passwords.save()
@@ -132,11 +145,17 @@ def reload_broker(pid_file: Path) -> bool:
     return True
 
 
-def make_accounts(kind: AccountsKind, settings: ControlPlaneSettings) -> BrokerAccounts:
+def make_accounts(
+    kind: AccountsKind, settings: ControlPlaneSettings, engine: AsyncEngine | None = None
+) -> BrokerAccounts:
+    """``engine``: the database the replicas share, whose advisory lock makes one writer of
+    the accounts among them (PostgreSQL; else a file lock, for one host)."""
+    lock = AccountsLock(settings.state_dir / "mqtt", engine)
     if kind is AccountsKind.DYNSEC:
-        return DynsecAdmin(settings)
+        return DynsecAdmin(settings, lock=lock)
     return PasswordFileAccounts(
         settings.state_dir,
         Topics(settings.topic_prefix),
         reload_interval_s=settings.enrolment.broker_reload_interval_s,
+        lock=lock,
     )

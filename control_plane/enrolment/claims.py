@@ -1,5 +1,5 @@
 """Claim credentials: ``efc_<id>_<secret>``, shown once when created; only the SHA-256 of the
-secret is kept (as API tokens are, :mod:`control_plane.api.auth`).
+secret is kept (as API tokens are, :mod:`control_plane.tokens`).
 
 A claim admits new devices while it is active: not revoked, not expired, and used fewer than
 ``max_uses`` times (one use per device that presented it first). The devices it admitted keep
@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import NAME_LENGTH, Claim
 from control_plane.db.session import required_utc
-from control_plane.enrolment.states import ClaimState, Refusal
+from control_plane.db.states import ClaimState, Refusal
 
 PREFIX = "efc"
 MAX_LIFETIME_S = 366 * 86400.0

@@ -1,11 +1,10 @@
-"""Mosquitto's dynamic security plugin: the fleet's initial configuration file, and the admin
-commands that add a device's user and ACL while the broker runs.
+"""Mosquitto's dynamic security plugin: the admin commands that add a device's user and ACL
+while the broker runs (the broker's files: :mod:`control_plane.provisioning.dynsec_broker`).
 
-Commands are JSON published to ``$CONTROL/dynamic-security/v1``; the plugin answers each on
-``$CONTROL/dynamic-security/v1/response``, echoing its ``correlationData``. NOTE: the command
-set and the file format are mosquitto 2.0's (plugins/dynamic-security/README.md); the tests
-run them against the real plugin. The file stores PBKDF2-SHA512 hashes, as the password file
-does (:mod:`control_plane.provisioning.passwords`).
+Commands are JSON published to ``$CONTROL/dynamic-security/v1``, on the control plane's own
+listener; the plugin answers each on ``$CONTROL/dynamic-security/v1/response``, echoing its
+``correlationData``. NOTE: the command set is mosquitto 2.0's
+(plugins/dynamic-security/README.md); the tests run them against the real plugin.
 
 A device gets a role of its own naming its topics literally: the plugin's ACLs have no ``%u``
 substitution that this could rely on. Its client is bound to the agent's client id, so no other
@@ -15,10 +14,7 @@ login resumes its session.
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
 import json
-import os
 import ssl
 import uuid
 from typing import Any
@@ -28,15 +24,15 @@ import aiomqtt
 
 from common.protocol.topics import Topics
 from control_plane.enrolment.batching import GroupCommit
-from control_plane.provisioning.acl import CONTROL_PLANE_USER, DEVICE_READS, DEVICE_WRITES
-from control_plane.provisioning.passwords import ITERATIONS, SALT_BYTES, new_password
+from control_plane.enrolment.identity import AccountsLock
+from control_plane.provisioning.acl import DEVICE_READS, DEVICE_WRITES
+from control_plane.provisioning.dynsec_broker import CONTROL_TOPIC
+from control_plane.provisioning.passwords import new_password
 from control_plane.settings import ControlPlaneSettings
 
-CONTROL_TOPIC = "$CONTROL/dynamic-security/v1"
 RESPONSE_TOPIC = f"{CONTROL_TOPIC}/response"
 COMMAND_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_PER_COMMAND_S = 0.1
-CONTROL_PLANE_ROLE = "edgefleet-control-plane"
 AGENT_CLIENT_ID = "edgefleet-agent-{}"
 """The client id the agent connects with (agent/fleet/client.py)."""
 
@@ -60,66 +56,24 @@ def device_acls(topics: Topics, device_id: str) -> list[dict[str, Any]]:
     return acls
 
 
-def control_plane_acls(topics: Topics) -> list[dict[str, Any]]:
-    """As the ACL file's control plane user (:func:`control_plane.provisioning.acl.render_acl`),
-    plus the plugin's admin topics."""
-    acls: list[dict[str, Any]] = []
-    for leaf in DEVICE_WRITES:
-        acls.append({"acltype": "subscribePattern", "topic": topics.all_devices(leaf)})
-    for leaf in DEVICE_READS:
-        acls.append({"acltype": "publishClientSend", "topic": topics.all_devices(leaf)})
-    acls += [
-        {"acltype": "publishClientSend", "topic": topics.trust},
-        {"acltype": "subscribePattern", "topic": topics.trust},
-        {"acltype": "publishClientSend", "topic": f"{CONTROL_TOPIC}/#"},
-        {"acltype": "subscribePattern", "topic": f"{CONTROL_TOPIC}/#"},
-        # NOTE: the plugin's answers are not delivered under the default receive access; its
-        # own admin role (mosquitto_ctrl dynsec init) allows them by name too
-        {"acltype": "publishClientReceive", "topic": f"{CONTROL_TOPIC}/#"},
-    ]
-    return [{**acl, "allow": True} for acl in acls]
-
-
-def _hashed(password: str) -> dict[str, Any]:
-    salt = os.urandom(SALT_BYTES)
-    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, ITERATIONS)
-    return {
-        "password": base64.b64encode(digest).decode(),
-        "salt": base64.b64encode(salt).decode(),
-        "iterations": ITERATIONS,
-    }
-
-
-def initial_config(topics: Topics, control_plane_password: str) -> dict[str, Any]:
-    """The plugin's file (``plugin_opt_config_file``) for a new fleet: the control plane's user,
-    which administers the plugin, and nothing else allowed by default."""
-    return {
-        "clients": [
-            {
-                "username": CONTROL_PLANE_USER,
-                "textName": "edgefleet control plane",
-                **_hashed(control_plane_password),
-                "roles": [{"rolename": CONTROL_PLANE_ROLE}],
-            }
-        ],
-        "roles": [{"rolename": CONTROL_PLANE_ROLE, "acls": control_plane_acls(topics)}],
-        "defaultACLAccess": {
-            "publishClientSend": False,
-            "publishClientReceive": True,
-            "subscribe": False,
-            "unsubscribe": True,
-        },
-    }
-
-
 class DynsecAdmin:
     """Sends admin commands over a connection of its own (with the control plane's broker
-    credentials), opened per message: devices enrolling at once share one."""
+    credentials), opened per message: devices enrolling at once share one. A device's
+    commands (delete, create) run under ``lock``, which holds across replicas, so two replicas
+    making one device's user do not interleave them."""
 
-    def __init__(self, settings: ControlPlaneSettings, *, max_batch: int = 100) -> None:
+    def __init__(
+        self,
+        settings: ControlPlaneSettings,
+        *,
+        max_batch: int = 100,
+        lock: AccountsLock | None = None,
+    ) -> None:
         self.settings = settings
         self.topics = Topics(settings.topic_prefix)
         self.batches: GroupCommit[str] = GroupCommit(self._issue_batch, max_batch=max_batch)
+        self._lock = lock or AccountsLock(settings.state_dir / "mqtt")
+        self._wanted: dict[str, str] = {}
 
     def _client(self) -> aiomqtt.Client:
         s = self.settings
@@ -175,17 +129,19 @@ class DynsecAdmin:
             raise DynsecError(f"broker: {exc}") from exc
         return [errors.get(i) for i in ids]
 
-    async def issue(self, device_id: str) -> str:
-        """Give ``device_id`` a user with a new password (replacing any it had, which ends its
-        sessions) and its own ACL; return the password. Devices asking at once share one
-        message (:class:`GroupCommit`)."""
+    async def issue(self, device_id: str, password: str | None = None) -> str:
+        """Give ``device_id`` a user with ``password`` (None: a new one), replacing any it had,
+        which ends its sessions, and its own ACL; return the password. Devices asking at once
+        share one message (:class:`GroupCommit`)."""
+        if password is not None:
+            self._wanted[device_id] = password
         return await self.batches.submit(device_id)
 
     async def _issue_batch(self, device_ids: list[str]) -> dict[str, str | Exception]:
         # NOTE: the plugin (2.0.x) rewrites its whole file after every command that changes
         # it, so a device costs the broker two rewrites (its role with its ACLs inline, and
         # its client), not one per ACL as createRole + addRoleACL did
-        passwords = {d: new_password() for d in device_ids}
+        passwords = {d: self._wanted.pop(d, "") or new_password() for d in device_ids}
         commands: list[dict[str, Any]] = []
         for device_id, password in passwords.items():
             role = device_role(device_id)
@@ -204,7 +160,8 @@ class DynsecAdmin:
                     "roles": [{"rolename": role}],
                 },
             ]
-        errors = await self.run(commands)
+        async with self._lock.held():
+            errors = await self.run(commands)
         results: dict[str, str | Exception] = {}
         for k, (device_id, password) in enumerate(passwords.items()):
             error = errors[3 * k + 2]  # its createClient's
@@ -215,9 +172,10 @@ class DynsecAdmin:
 
     async def remove(self, device_id: str) -> None:
         """Delete the device's user (its sessions end) and its role."""
-        await self.run(
-            [
-                {"command": "deleteClient", "username": device_id},
-                {"command": "deleteRole", "rolename": device_role(device_id)},
-            ]
-        )
+        async with self._lock.held():
+            await self.run(
+                [
+                    {"command": "deleteClient", "username": device_id},
+                    {"command": "deleteRole", "rolename": device_role(device_id)},
+                ]
+            )

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from common.protocol.enrolment import EnrolmentRequest
 from control_plane.db.models import Claim, Device, Enrolment, TrustRootRecord
+from control_plane.db.states import EnrolmentState, Refusal
 from control_plane.enrolment.claims import (
     EnrolmentRefused,
     claims_of,
@@ -26,7 +27,6 @@ from control_plane.enrolment.claims import (
     same_key,
     take_uses,
 )
-from control_plane.enrolment.states import EnrolmentState, Refusal
 from control_plane.errors import NotFound
 from control_plane.provisioning.acl import RESERVED_USERS
 

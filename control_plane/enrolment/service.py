@@ -4,8 +4,8 @@ to wait for an operator, or given its broker identity and the trust root.
 Devices enrolling at once are admitted in one transaction, and finished in another
 (:mod:`control_plane.enrolment.intake`): the claim's uses are counted (and the enrolments
 stored) before the broker is asked for their accounts; a device whose answer was lost (the
-broker away, the connection cut) asks again with the same device key and gets a new password,
-without taking another use."""
+broker away, the connection cut) asks again with the same device key and gets the same password
+(:class:`control_plane.enrolment.identity.DevicePasswords`), without taking another use."""
 
 from __future__ import annotations
 
@@ -16,19 +16,23 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from common.protocol.enrolment import EnrolmentAnswer, EnrolmentRequest, EnrolmentStatus
 from control_plane.db.models import Enrolment
 from control_plane.db.session import required_utc, stored_utc
+from control_plane.db.states import EnrolmentState, Refusal
 from control_plane.enrolment.accounts import BrokerAccounts
 from control_plane.enrolment.batching import Batches
 from control_plane.enrolment.claims import EnrolmentRefused, find_claim
+from control_plane.enrolment.identity import DevicePasswords
 from control_plane.enrolment.intake import Admitted, admit_batch, finish_batch
-from control_plane.enrolment.states import EnrolmentState, Refusal
 from control_plane.errors import Conflict, NotFound
 
 log = logging.getLogger("edgefleet.control_plane.enrolment")
+ADMIT_ATTEMPTS = 3
+"""Tries of a batch's admission that lost a race for an enrolment row to another replica."""
 KNOWN_CLAIMS_KEPT = 1000
 """Tokens remembered as good at most (then forgotten all at once: bogus tokens are not kept)."""
 
@@ -43,9 +47,13 @@ class Enroller:
         pending_retry_s: float,
         claim_check_cache_s: float = 0.0,
         max_batch: int = 500,
+        passwords: DevicePasswords | None = None,
     ) -> None:
+        """``passwords``: each device's, from its device key (None: a new random one at each
+        request, so a device asking twice at once holds one that no longer works)."""
         self.sessions = sessions
         self.accounts = accounts
+        self.passwords = passwords
         self.topic_prefix = topic_prefix
         self.pending_retry_s = pending_retry_s
         self.claim_check_cache_s = claim_check_cache_s
@@ -96,7 +104,10 @@ class Enroller:
                 status=EnrolmentStatus.PENDING,
                 retry_after_s=self.pending_retry_s,
             )
-        password = await self.accounts.issue(req.device_id)
+        wanted = (
+            self.passwords.for_device(req.device_id, req.device_key) if self.passwords else None
+        )
+        password = await self.accounts.issue(req.device_id, wanted)
         trust = await self.completions.submit((req, admitted))
         if trust is None:  # rejected while its account was made: that account goes too
             await self.accounts.remove(req.device_id)
@@ -120,8 +131,16 @@ class Enroller:
         for n, (_, req) in enumerate(items):
             firsts.setdefault(req.device_id, n)
         once = [items[n] for n in firsts.values()]
-        async with self.sessions.begin() as s:
-            admitted = await admit_batch(s, once, datetime.now(UTC))
+        for attempt in range(ADMIT_ATTEMPTS):
+            try:
+                async with self.sessions.begin() as s:
+                    admitted = await admit_batch(s, once, datetime.now(UTC))
+                break
+            except IntegrityError:
+                # another replica stored one of these enrolments meanwhile (the same device
+                # asking at both): admitted again, it is recognised by its device key
+                if attempt + 1 == ADMIT_ATTEMPTS:
+                    raise
         answers = dict(zip(firsts.values(), admitted, strict=True))
         again = [n for n in range(len(items)) if n not in answers]
         if again:
@@ -132,8 +151,16 @@ class Enroller:
     async def _finish_batch(
         self, items: list[tuple[EnrolmentRequest, Admitted]]
     ) -> list[dict[str, Any] | None | Exception]:
-        async with self.sessions.begin() as s:
-            return list(await finish_batch(s, items, datetime.now(UTC)))
+        for attempt in range(ADMIT_ATTEMPTS):
+            try:
+                async with self.sessions.begin() as s:
+                    return list(await finish_batch(s, items, datetime.now(UTC)))
+            except IntegrityError:
+                # another replica put one of these devices in the inventory meanwhile (the
+                # same device enrolling at both): again, it finds the row and updates it
+                if attempt + 1 == ADMIT_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def decide(self, device_id: str, *, approve: bool, user: str, reason: str) -> Enrolment:
         """Approve a pending device, or reject one in any state: one that collected a broker

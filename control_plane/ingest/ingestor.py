@@ -64,7 +64,7 @@ HELD_PER_MESSAGE = 10
 """Container objects ingest holds per queued message, with room to spare: seven for a message
 about one model (its rows tuple, the device and model rows, the queue entry, the MQTT
 acknowledgement and its arguments, one more of the decode's). The control plane's collector
-threshold is sized by it (``control_plane.api.app.gc_thresholds``); a test counts them."""
+threshold is sized by it (``control_plane.app.gc_thresholds``); a test counts them."""
 QUEUE_LIMIT = 100_000
 """Messages queued for the writer at most (see ``Ingestor._enqueue``)."""
 

@@ -16,7 +16,13 @@ from pydantic import BaseModel
 from sqlalchemy import BigInteger, Float, Integer, String
 from sqlalchemy.engine import Dialect
 
-from common.protocol.messages import DeviceTelemetry, ModelTelemetry, Telemetry, UpdateEvent
+from common.protocol.messages import (
+    DeviceTelemetry,
+    GenerativeTelemetry,
+    ModelTelemetry,
+    Telemetry,
+    UpdateEvent,
+)
 from control_plane.db.bulk import driver_time
 from control_plane.db.models import DeviceSample, TelemetrySample
 from control_plane.ingest.decode import Bounds, tighten
@@ -58,6 +64,11 @@ SAMPLE_COLUMNS = (
     "p95_ms",
     "p99_ms",
     "queue_depth",
+    "prompt_tokens",
+    "generated_tokens",
+    "ttft_p99_ms",
+    "inter_token_p99_ms",
+    "cost_per_1k_tokens",
 )
 STORED_SAMPLE_COLUMNS = (*SAMPLE_COLUMNS, "received_at")
 """The telemetry rows as written: a message's (SAMPLE_COLUMNS), then when its batch is written."""
@@ -66,13 +77,25 @@ SEQ = DEVICE_SAMPLE_COLUMNS.index("seq")
 PREPARED = frozenset(
     {"time", "received_at"}  # times
     | {"cpu_percent", "temperature_c", "window_s", "p50_ms", "p95_ms", "p99_ms"}  # floats
+    | {"ttft_p99_ms", "inter_token_p99_ms", "cost_per_1k_tokens"}
 )
 """Columns of the telemetry rows that hold what the driver takes already: the times (put in its
 form by :func:`telemetry_time`) and the floats (floats, validated as such by the message's model;
 SQLite's processor would only call ``float`` on them). With these, no value of a telemetry row
 is processed again: the rows go to the driver as they are."""
-MODEL, VERSION, REQUESTS, ERRORS, ROWS, P99 = (
-    SAMPLE_COLUMNS.index(c) for c in ("model", "version", "requests", "errors", "rows", "p99_ms")
+MODEL, VERSION, REQUESTS, ERRORS, ROWS, P99, PROMPT, GENERATED, COST = (
+    SAMPLE_COLUMNS.index(c)
+    for c in (
+        "model",
+        "version",
+        "requests",
+        "errors",
+        "rows",
+        "p99_ms",
+        "prompt_tokens",
+        "generated_tokens",
+        "cost_per_1k_tokens",
+    )
 )
 
 
@@ -120,9 +143,25 @@ def telemetry_rows(t: Telemetry, at: Any) -> tuple[Row, ...]:
                 m.p95_ms,
                 m.p99_ms,
                 m.queue_depth,
+                *(_NO_TOKENS if m.generative is None else _tokens(m.generative)),
             )
             for m in t.models
         ],
+    )
+
+
+_NO_TOKENS = (0, 0, None, None, None)
+
+
+def _tokens(
+    g: GenerativeTelemetry,
+) -> tuple[int, int, float | None, float | None, float | None]:
+    return (
+        g.prompt_tokens,
+        g.generated_tokens,
+        g.ttft_p99_ms,
+        g.inter_token_p99_ms,
+        g.cost_per_1k_tokens,
     )
 
 
@@ -137,6 +176,11 @@ def per_version(samples: Sequence[Row]) -> dict[tuple[str, int], VersionSums]:
         sums.requests += s[REQUESTS]
         sums.errors += s[ERRORS]
         sums.rows += s[ROWS]
+        sums.prompt_tokens += s[PROMPT]
+        sums.generated_tokens += s[GENERATED]
+        if (cost := s[COST]) is not None:  # weighted by the tokens it was spread over
+            sums.cost_weighted += cost * s[GENERATED]
+            sums.cost_tokens += s[GENERATED]
         if (p99 := s[P99]) is not None and (sums.worst_p99_ms is None or p99 > sums.worst_p99_ms):
             sums.worst_p99_ms = p99
     return out

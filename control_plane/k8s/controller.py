@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import selectinload
 
 from control_plane.db.models import Rollout
+from control_plane.db.states import RolloutState
 from control_plane.errors import Busy, Conflict, ControlPlaneError
 from control_plane.k8s.api import KubeApi, Obj
 from control_plane.k8s.resource import (
@@ -41,10 +42,9 @@ from control_plane.k8s.resource import (
     rollout_status,
     spec_changes,
 )
-from control_plane.k8s.settings import KubernetesSettings
 from control_plane.leadership.lease import Fenced
 from control_plane.rollouts.engine import RolloutEngine
-from control_plane.rollouts.states import RolloutState
+from control_plane.settings.kubernetes import KubernetesSettings
 
 log = logging.getLogger("edgefleet.control_plane.k8s")
 

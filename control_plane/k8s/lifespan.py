@@ -1,5 +1,6 @@
 """Starts the ModelRollout controller and the agent DaemonSet guard with the control plane's
-application, and stops them with it."""
+application, and stops them with it. It takes the rollout engine and the sessions it needs, not
+the API's wiring: the Kubernetes integration sits below the routes."""
 
 from __future__ import annotations
 
@@ -9,17 +10,19 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from control_plane.api.deps import Services
 from control_plane.k8s.api import KubeApi
 from control_plane.k8s.controller import ModelRolloutController
 from control_plane.k8s.daemonset import AgentDaemonSetGuard
-from control_plane.k8s.settings import KubernetesSettings
+from control_plane.rollouts.engine import RolloutEngine
+from control_plane.settings.kubernetes import KubernetesSettings
 
 
 def attach(
     app: FastAPI,
-    services: Services,
+    engine: RolloutEngine,
+    sessions: async_sessionmaker[AsyncSession],
     settings: KubernetesSettings,
     make_api: Callable[[], KubeApi] | None = None,
 ) -> None:
@@ -39,9 +42,7 @@ def attach(
             else:
                 api = make_api()
                 namespace = settings.namespace or "default"
-            controller = ModelRolloutController(
-                api, services.engine, services.sessions, namespace, settings
-            )
+            controller = ModelRolloutController(api, engine, sessions, namespace, settings)
             loops = {"k8s-controller": controller.run}
             if settings.agent_daemonset:
                 guard = AgentDaemonSetGuard(
@@ -55,9 +56,7 @@ def attach(
                 )
                 loops["k8s-agent-guard"] = guard.run
             # one replica (the leader) acts on the cluster: two would race on every object
-            tasks = [
-                asyncio.create_task(services.engine.leadership.while_leading(**loops), name="k8s")
-            ]
+            tasks = [asyncio.create_task(engine.leadership.while_leading(**loops), name="k8s")]
             try:
                 yield state
             finally:

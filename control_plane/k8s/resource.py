@@ -14,12 +14,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from control_plane.db import states
 from control_plane.db.models import Rollout
+from control_plane.db.states import DeviceRolloutState, RolloutState
 from control_plane.errors import Invalid
 from control_plane.k8s.api import Obj
-from control_plane.rollouts import states
 from control_plane.rollouts.spec import RolloutSpec
-from control_plane.rollouts.states import DeviceRolloutState, RolloutState
 
 PHASES = {
     RolloutState.RUNNING: "Running",
@@ -50,6 +50,7 @@ OUTCOME = {
     DeviceRolloutState.REVERTING_PENDING: "reverting",
     DeviceRolloutState.REVERTED: "reverted",
     DeviceRolloutState.SKIPPED: "skipped",
+    DeviceRolloutState.WITHDRAWN: "skipped",  # never switched: the CRD's counts have no more
 }
 
 # RolloutSpec field -> where it is in the object, for error messages that name the field

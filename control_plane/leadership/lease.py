@@ -62,6 +62,8 @@ _RENEW = text(
     """
 )
 _RELEASE = text("UPDATE leader_leases SET expires_at = now() WHERE name = :name AND epoch = :epoch")
+_HOLDER = text("SELECT holder, epoch FROM leader_leases WHERE name = :name AND expires_at > now()")
+"""Who leads (when a replica failed to take the lease): for /health and /metrics."""
 
 
 class Fenced(ControlPlaneError):
@@ -96,6 +98,11 @@ class Leadership:
         """``time.monotonic()`` past which this replica stops counting itself the leader."""
         self.changed = asyncio.Event()
         """Set at every gain or loss (:meth:`while_leading` waits on it)."""
+        self.leader: tuple[str, int] | None = (self.holder, 0) if single else None
+        """The leader as this replica last saw it (holder, epoch), at each try to take or
+        renew the lease; None: no one held it."""
+        self.on_leader: list[Callable[[Leadership], None]] = []
+        """Called after each try (the metrics follow :attr:`leader`)."""
 
     @property
     def leading(self) -> bool:
@@ -126,6 +133,7 @@ class Leadership:
             return True
         started = time.monotonic()
         params = {"name": LEASE, "holder": self.holder, "ttl_s": self.ttl_s}
+        held = None
         async with self.sessions.begin() as session:
             epoch = None
             if self.epoch is not None:
@@ -135,14 +143,29 @@ class Leadership:
                     self._lose("the lease was taken over")
             if epoch is None:  # taken again if it is free now: a new epoch
                 epoch = (await session.execute(_TAKE, params)).scalar_one_or_none()
+            if epoch is None:
+                held = (await session.execute(_HOLDER, {"name": LEASE})).one_or_none()
         if epoch is None:
+            self._seen((str(held[0]), int(held[1])) if held is not None else None)
             return False
         if self.epoch is None:
             log.info("leading", extra={"epoch": epoch, "holder": self.holder})
             self.changed.set()
         self.epoch = int(epoch)
         self._valid_until = started + self.ttl_s - self.renew_interval_s
+        self._seen((self.holder, self.epoch))
         return True
+
+    def _seen(self, leader: tuple[str, int] | None) -> None:
+        self.leader = leader
+        for callback in self.on_leader:
+            callback(self)
+
+    def view(self) -> dict[str, Any]:
+        """The leader, as ``/health`` shows it: its id (``<mqtt_client_id>:<pid>``), its
+        epoch, and whether it is this replica."""
+        holder, epoch = self.leader if self.leader is not None else (None, None)
+        return {"id": holder, "epoch": epoch, "this_replica": self.leading}
 
     async def release(self) -> None:
         """Let the lease expire now (a clean stop): another replica takes it at its next try."""

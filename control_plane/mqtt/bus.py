@@ -14,6 +14,7 @@ import json
 import logging
 import random
 import ssl
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
@@ -32,6 +33,14 @@ PUBLISH_WINDOW = 100
 """Outgoing QoS 1 messages awaiting their PUBACK at one time (the broker's Receive Maximum
 may hold them to fewer)."""
 KEEPALIVE_S = 30
+RETRY_MIN_S, RETRY_MAX_S = 0.2, 10.0
+"""Reconnection delays (doubling, with jitter) after a lost connection or a refusal."""
+TAKEOVER_MIN_S, TAKEOVER_MAX_S = 1.0, 60.0
+"""Reconnection delays after a session taken over (doubling; back to the minimum after a
+session that lasted longer than the maximum)."""
+SILENT_TAKEOVER_S = 5.0
+"""A session the broker closed without a reason sooner than this may have been taken over
+(:func:`takeover_strikes`)."""
 TOPIC_CACHE_SIZE = 60_000
 """Device topics whose parse is remembered: three per device for 20,000 devices (about 10 MB);
 past that, topics are parsed each time."""
@@ -169,24 +178,47 @@ class FleetBus:
             tg.create_task(self._connection_loop(), name="mqtt-connection")
 
     async def _connection_loop(self) -> None:
-        delay = 0.2
+        delay = RETRY_MIN_S
+        strikes = 0
         while True:
+            began, conn = time.monotonic(), None
             try:
                 conn = await self._connect()
                 try:
-                    delay = 0.2
                     await self._session(conn)
                 finally:
+                    if self.connected.is_set():  # subscribed: a refused SUBSCRIBE backs off
+                        delay = RETRY_MIN_S
                     self.connected.clear()
                     self._listening(None)
                     await conn.aclose()
             except (mqttcodec.MqttError, OSError) as exc:
-                log.warning(
-                    "broker connection lost",
-                    extra={"error": str(exc), "retry_in_s": round(delay, 2)},
+                strikes, taken_over = takeover_strikes(
+                    strikes,
+                    reason_code=getattr(exc, "reason_code", None),
+                    closed_silently=conn is not None
+                    and conn.closed_by_peer
+                    and conn.disconnect_reason is None,
+                    lasted_s=time.monotonic() - began,
                 )
+                if taken_over:
+                    # NOTE: reconnecting at once would take the session back, and the other
+                    # client would do the same: back off, doubling, instead of fighting
+                    delay = min(TAKEOVER_MAX_S, TAKEOVER_MIN_S * 2 ** (strikes - 1))
+                    log.error(
+                        "broker session taken over (MQTT reason 0x8E session taken over): "
+                        "another client connected with this client id, "
+                        f"{self.settings.mqtt_client_id!r}; give each replica its own "
+                        "mqtt_client_id, and no other client the control plane's broker login",
+                        extra={"takeovers": strikes, "retry_in_s": round(delay, 2)},
+                    )
+                else:
+                    log.warning(
+                        "broker connection lost",
+                        extra={"error": str(exc), "retry_in_s": round(delay, 2)},
+                    )
             await asyncio.sleep(delay * random.uniform(0.5, 1.5))
-            delay = min(10.0, delay * 2)
+            delay = min(RETRY_MAX_S, delay * 2)
 
     async def _connect(self) -> mqttwire.Connection:
         s = self.settings
@@ -249,7 +281,7 @@ class FleetBus:
             await asyncio.gather(sender, return_exceptions=True)
         if sender.done() and not sender.cancelled() and (error := sender.exception()):
             raise error  # a publish failed (MqttError: reconnect) or a bug (not hidden)
-        raise mqttcodec.MqttError(conn.close_reason or "connection closed")
+        raise mqttcodec.MqttError(conn.close_reason or "connection closed", conn.disconnect_reason)
 
     async def _resync(self) -> None:
         for callback in self.on_broker_state_lost:
@@ -311,3 +343,24 @@ class FleetBus:
             ingestor.metrics.rejected(leaf, "internal_error")
             if ack:
                 ack()
+
+
+def takeover_strikes(
+    strikes: int, *, reason_code: int | None, closed_silently: bool, lasted_s: float
+) -> tuple[int, bool]:
+    """Count the sessions in a row that another client took over; return the count and
+    whether this one was taken over. ``closed_silently``: the broker closed the connection
+    with no DISCONNECT and no error of the socket's.
+
+    A DISCONNECT with reason 0x8E says so. Mosquitto 2.0 (src/handle_connect.c) queues that
+    DISCONNECT and closes the socket before writing it, so a session the broker closed with
+    no reason within ``SILENT_TAKEOVER_S`` counts too (the other client reconnecting takes it
+    again that soon): one alone may be a broker restarting, two in a row are taken as a
+    takeover. A broker killed after a longer session starts the count again, as does any
+    session that lasted longer than ``TAKEOVER_MAX_S``."""
+    taken = reason_code == mqttcodec.SESSION_TAKEN_OVER
+    silent = closed_silently and lasted_s < SILENT_TAKEOVER_S
+    if lasted_s > TAKEOVER_MAX_S:
+        strikes = 0
+    strikes = strikes + 1 if taken or silent else 0
+    return strikes, taken or strikes >= 2

@@ -44,6 +44,8 @@ _PROPERTY_TYPES = (
     | {0x0B: 0, 0x26: -2}
 )
 SERVER_KEEP_ALIVE, REASON_STRING, RECEIVE_MAXIMUM, MAXIMUM_PACKET_SIZE = 0x13, 0x1F, 0x21, 0x27
+SESSION_TAKEN_OVER = 0x8E
+"""DISCONNECT's reason when another client connected with the same client id (3.14.2.1)."""
 
 
 class MqttError(Exception):

@@ -43,6 +43,7 @@ from control_plane.mqtt.codec import (
     PUBLISH,
     RECEIVE_MAXIMUM,
     SERVER_KEEP_ALIVE,
+    SESSION_TAKEN_OVER,
     SUBACK,
     SUBSCRIBE,
     MalformedPacket,
@@ -85,6 +86,13 @@ class Connection(asyncio.Protocol):
         """Resolves with None (never raises) once the connection has ended, for any reason."""
         self.close_reason: str | None = None
         """Why the connection ended, when not by :meth:`close`."""
+        self.disconnect_reason: int | None = None
+        """The reason code of the broker's DISCONNECT, if it sent one (0x8E: session taken
+        over, another client connected with this client id)."""
+        self.closed_by_peer = False
+        """The broker closed the connection (end of stream) with no DISCONNECT, no error of
+        the socket's and not at our request: what Mosquitto 2.0 does to a session that another
+        client takes over (it drops the 0x8E DISCONNECT it queued)."""
         self.session_present = False
         self.received = 0
         """PUBLISH packets received."""
@@ -122,6 +130,7 @@ class Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.closed_by_peer = exc is None and not self._closing
         self._closing = True
         for timer in (self._ping_timer, self._watchdog, self._linger):
             if timer is not None:
@@ -269,7 +278,12 @@ class Connection(asyncio.Protocol):
         elif head == DISCONNECT:
             reason = body[0] if body else 0
             props = properties(body, 1)[0] if len(body) > 1 else {}
-            self._fail(f"broker sent DISCONNECT {describe(reason, reason_string(props))}")
+            self.disconnect_reason = reason
+            # a takeover is the session's to report (control_plane.mqtt.bus), in one line
+            self._fail(
+                f"broker sent DISCONNECT {describe(reason, reason_string(props))}",
+                quiet=reason == SESSION_TAKEN_OVER,
+            )
         else:
             raise MalformedPacket(f"unexpected packet 0x{head:02X}")
 
@@ -295,11 +309,12 @@ class Connection(asyncio.Protocol):
             self._watchdog = self._loop.call_later(1.5 * self.keepalive_s, self._check_silence)
         self._connack.set_result(None)
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str, *, quiet: bool = False) -> None:
         """End the connection now, keeping why (buffered writes are dropped)."""
         if self.close_reason is None:
             self.close_reason = reason
-            log.warning("closing the broker connection", extra={"reason": reason})
+            if not quiet:
+                log.warning("closing the broker connection", extra={"reason": reason})
         self._closing = True
         if self.transport is not None:
             self.transport.abort()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -148,7 +149,10 @@ class FleetCA:
         """The common names that hold a certificate not revoked."""
         return {str(e["cn"]) for e in self._ledger().values() if e["revoked_at"] is None}
 
-    def crl_pem(self) -> bytes:
+    def crl_pem(self, *, refused: Collection[str] = ()) -> bytes:
+        """The CRL of the certificates revoked; ``refused``: also every certificate of these
+        common names (a listener they must not log in on: the devices', for the control
+        plane's user)."""
         now = datetime.now(UTC)
         builder = (
             x509.CertificateRevocationListBuilder()
@@ -157,11 +161,14 @@ class FleetCA:
             .next_update(now + CRL_LIFETIME)
         )
         for serial, entry in sorted(self._ledger().items()):
-            if entry["revoked_at"] is not None:
+            revoked_at = entry["revoked_at"]
+            if revoked_at is None and entry["cn"] in refused:
+                revoked_at = now.isoformat()
+            if revoked_at is not None:
                 builder = builder.add_revoked_certificate(
                     x509.RevokedCertificateBuilder()
                     .serial_number(int(serial))
-                    .revocation_date(datetime.fromisoformat(entry["revoked_at"]))
+                    .revocation_date(datetime.fromisoformat(revoked_at))
                     .build()
                 )
         return builder.sign(self._key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)

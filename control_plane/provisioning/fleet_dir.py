@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import shutil
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import tomli_w
 
 from common.files import write_atomically
 from common.protocol.topics import Topics
-from control_plane.provisioning.acl import CONTROL_PLANE_USER
+from control_plane.provisioning.acl import CONTROL_PLANE_USER, DASHBOARD_USER
 from control_plane.provisioning.mosquitto import FleetAccess
 
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
@@ -55,7 +56,8 @@ class FleetDir:
         db_url: str | None,
     ) -> dict[str, object]:
         """Write control-plane.toml (absolute paths, so it runs from any directory; the broker
-        password by file only) and return its settings."""
+        password by file only) and return its settings. ``mqtt_port``: the broker's control
+        plane listener."""
         service = access.service(CONTROL_PLANE_USER, tls=tls)
         host = "127.0.0.1" if bind in WILDCARDS else bind
         if tls and server_names and host not in server_names:
@@ -69,16 +71,15 @@ class FleetDir:
             "artifact_dir": str(self.state_dir / "artifacts"),
             "topic_prefix": access.topics.prefix,
         }
-        if tls:  # the certificate's name is the username; no password
+        settings |= {
+            "mqtt_username": service.user,
+            "mqtt_password_file": str(service.password_file),
+        }
+        if tls:  # its listener takes a fleet certificate and the control plane's password
             settings |= {
                 "mqtt_tls_ca_file": str(access.ca.cert_path),
                 "mqtt_tls_cert_file": str(service.cert),
                 "mqtt_tls_key_file": str(service.key),
-            }
-        else:
-            settings |= {
-                "mqtt_username": service.user,
-                "mqtt_password_file": str(service.password_file),
             }
         text = "# Written by `edgefleet fleet init`.\n" + tomli_w.dumps(settings)
         write_atomically(self.config, text.encode())
@@ -89,8 +90,8 @@ class FleetDir:
         """Create the database, the admin token the control plane's first start would create
         (control-plane/admin-token), and an operator token, kept in operator-token (mode 0600)
         and returned."""
-        from control_plane.api.auth import Role, bootstrap_admin, create_token
         from control_plane.db.session import make_engine, migrate, session_factory
+        from control_plane.tokens import Role, bootstrap_admin, create_token
 
         migrate(db_url)
 
@@ -108,9 +109,38 @@ class FleetDir:
         write_atomically(self.token_file, (token + "\n").encode())  # mode 0600 (mkstemp)
         return token
 
-    def summary(self, token: str, settings: dict[str, object], *, tls: bool) -> str:
+    def dashboard_line(
+        self, access: FleetAccess, port: int, *, tls: bool, host: str = "127.0.0.1"
+    ) -> str | None:
+        """The ``mosquitto_sub`` command that follows the fleet's telemetry as the read-only
+        dashboard user (None: there is none). It logs in on the devices' listener, so its
+        client id is its username: it can take over no control plane's session."""
+        if DASHBOARD_USER not in access.passwords.entries:
+            return None
+        mqtt = self.shown / "control-plane" / "mqtt"
+        topic = access.topics.all_devices("telemetry")
+        if tls:  # the certificate's name is the username
+            login = (
+                f"--cafile {mqtt.parent / 'pki' / 'ca.pem'} --cert {mqtt / DASHBOARD_USER}.pem "
+                f"--key {mqtt / DASHBOARD_USER}.key"
+            )
+        else:
+            login = f'-u {DASHBOARD_USER} -P "$(cat {mqtt / DASHBOARD_USER}.password)"'
+        return f"mosquitto_sub -h {host} -p {port} {login} -t '{topic}' -v"
+
+    def summary(
+        self,
+        token: str,
+        settings: dict[str, object],
+        *,
+        tls: bool,
+        device_port: int,
+        dashboard: str | None = None,
+    ) -> str:
         """What was written, the token (this once), and the commands to run next."""
         d = self.shown
+        url = urlsplit(str(settings["mqtt_url"]))
+        device_url = f"{url.scheme}://{_url_host(url.hostname or '127.0.0.1')}:{device_port}"
         api = f"http://{_url_host(str(settings['host']))}:{settings['port']}"
         mosquitto = "mosquitto" if shutil.which("mosquitto") else "/usr/sbin/mosquitto"
         add = f"edgefleet fleet add-device DEVICE --state-dir {d / 'control-plane'}"
@@ -141,11 +171,12 @@ class FleetDir:
             f"  {agent_env}edgefleet agent --config agent.toml &",
             "    agent.toml:",
             "      [fleet]",
-            f'      mqtt_url = "{settings["mqtt_url"]}"',
+            f'      mqtt_url = "{device_url}"',
             '      device_id = "DEVICE"',
             *(f"      {line}" for line in credentials),
             f'      trust_root_file = "{self.state_dir / "trust-root.json"}"',
             f'  export EDGEFLEET_URL={api} EDGEFLEET_TOKEN="$(cat {d / "operator-token"})"',
+            *([f"dashboard (read-only): {dashboard}"] if dashboard else []),
             "see docs/quickstart-fleet.md",
         ]
         if not shutil.which(mosquitto):

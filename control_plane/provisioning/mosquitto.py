@@ -6,10 +6,14 @@ Mosquitto configuration.
     <state_dir>/mqtt/<service>.pem / .key      a service user's client certificate (mTLS)
     <state_dir>/pki/                           the fleet CA (see :mod:`.ca`)
 
-``write_config`` renders a directory Mosquitto can run from: ``mosquitto.conf`` (one listener,
-persistence and its pid file in ``data/``), ``acl``, and either ``passwd`` (username and
-password) or the CA, the broker's certificate and the CRL (mutual TLS, the username being the
-certificate's common name). It remembers that directory (``<state_dir>/mqtt/broker.json``),
+``write_config`` renders a directory Mosquitto can run from: ``mosquitto.conf`` (persistence
+and its pid file in ``data/``), ``acl``, and either ``passwd`` (username and password) or the
+CA, the broker's certificate and the CRL (mutual TLS, the username being the certificate's
+common name). It has two listeners (``per_listener_settings``): the devices' binds each client
+id to its username (``use_username_as_clientid``: no device resumes or ends another's session),
+and the control plane's, whose password file (``services.passwd``) holds the control plane's
+user alone, takes any client id, so replicas sharing that user each keep a session of their own
+(docs/scaling.md). It remembers that directory (``<state_dir>/mqtt/broker.json``),
 so issuing or revoking a device afterwards rewrites the files there
 (:meth:`FleetAccess.refresh_broker`); the broker rereads them on SIGHUP.
 
@@ -58,6 +62,13 @@ def loopback_only(bind: str) -> bool:
 
 BROKER_CERT_NAME = "edgefleet-broker"
 """The common name of the broker's own (server) certificate."""
+SERVICES_PASSWD = "services.passwd"
+"""The control plane's listener's password file: the control plane's user only."""
+SERVICES_ACL = "services.acl"
+"""The control plane's listener's ACL: the control plane's user only."""
+DEVICES_CRL = "devices-crl.pem"
+"""The devices' listener's CRL: the revoked certificates, and the control plane's, which log in
+on its own listener only."""
 BROKER_USER = "mosquitto"
 """The user a Mosquitto started as root drops to when its config names none."""
 
@@ -137,10 +148,11 @@ class FleetAccess:
         self.passwords.save()
         return password
 
-    def issue_device(self, device_id: str) -> str:
-        """As :meth:`add_device`, not saved yet: many devices, then one ``passwords.save()``."""
+    def issue_device(self, device_id: str, password: str | None = None) -> str:
+        """As :meth:`add_device`, not saved yet: many devices, then one ``passwords.save()``.
+        ``password``: the one to give (None: a new random one)."""
         _check_device_id(device_id)
-        return self.passwords.issue(device_id)
+        return self.passwords.issue(device_id, password)
 
     def device_certificate(self, device_id: str, *, days: int = 365) -> IssuedCert:
         """Issue a client certificate whose common name is the device id."""
@@ -175,7 +187,9 @@ class FleetAccess:
     # -- the broker's files -------------------------------------------------------------------
 
     def listener_options(self, out: Path, *, tls: bool) -> str:
-        """What follows a ``listener`` line in mosquitto.conf for this fleet."""
+        """What follows the devices' ``listener`` line in mosquitto.conf for this fleet: the
+        devices and the dashboard log in, never the control plane's user (its password is not
+        in ``passwd``, its certificates are in ``devices-crl.pem``, its rules not in ``acl``)."""
         lines = [
             "allow_anonymous false",
             f"acl_file {out / 'acl'}",
@@ -183,17 +197,17 @@ class FleetAccess:
             "use_username_as_clientid true",
         ]
         if tls:
-            lines += [
-                f"cafile {out / 'ca.pem'}",
-                f"certfile {out / 'server.pem'}",
-                f"keyfile {out / 'server.key'}",
-                f"crlfile {out / 'crl.pem'}",
-                "require_certificate true",
-                "use_identity_as_username true",
-                "tls_version tlsv1.2",
-            ]
+            lines += [*_tls_options(out, DEVICES_CRL), "use_identity_as_username true"]
         else:
             lines.append(f"password_file {out / 'passwd'}")
+        return "\n".join(lines) + "\n"
+
+    def control_plane_listener_options(self, out: Path, *, tls: bool) -> str:
+        """What follows the control plane's ``listener`` line: its user alone logs in (by
+        password, and with TLS by a fleet certificate too), with any client id."""
+        lines = ["allow_anonymous false", f"acl_file {out / SERVICES_ACL}"]
+        lines += _tls_options(out, "crl.pem") if tls else []
+        lines.append(f"password_file {out / SERVICES_PASSWD}")
         return "\n".join(lines) + "\n"
 
     def write_config(
@@ -205,10 +219,13 @@ class FleetAccess:
         tls: bool = False,
         server_names: tuple[str, ...] = ("localhost", "127.0.0.1"),
         owner: str | None = None,
+        control_plane_port: int | None = None,
     ) -> Path:
         """Write the broker's directory; return the path of its mosquitto.conf.
 
         Args:
+            control_plane_port: the control plane's listener (default ``port + 1``), on
+                ``bind`` too.
             owner: the user Mosquitto runs as, when not the user running this (see
                 :func:`default_owner`): written as its ``user`` setting, and the files are
                 handed to it (they stay mode 0600).
@@ -228,25 +245,20 @@ class FleetAccess:
             shutil.copyfile(ca.cert_path, out / "ca.pem")
             ca.issue(BROKER_CERT_NAME, server_names=list(server_names)).write(out, "server")
         conf = out / "mosquitto.conf"
-        lines = ["# Generated by `edgefleet fleet`; regenerate rather than edit."]
-        lines += [f"user {owner}"] if owner else []
-        lines += [
-            # the control plane's messages queued for an offline device (and the devices' for
-            # a restarting control plane) survive a broker restart (docs/operations.md)
-            "persistence true",
-            f"persistence_location {data}/",
-            "autosave_interval 60",
-            f"pid_file {data / 'mosquitto.pid'}",  # for a reload: kill -HUP $(cat ...)
-            # the control plane acknowledges device messages once stored: a wide in-flight
-            # window (its mqtt_broker_inflight setting must match) and room to queue while it
-            # restarts
-            "max_inflight_messages 1000",
-            "max_queued_messages 100000",
+        lines = [
+            *broker_preamble(data, owner),
+            # each listener its own password file: devices' client ids bound to their
+            # usernames, the control plane's replicas each with a client id of its own
+            "per_listener_settings true",
+            "",
+            "# devices (and dashboards: one session per username)",
             f"listener {port} {bind}",
+            self.listener_options(out, tls=tls),
+            "# the control plane: its user only, any client id (one per replica)",
+            f"listener {control_plane_port or port + 1} {bind}",
+            self.control_plane_listener_options(out, tls=tls),
         ]
-        write_atomically(
-            conf, ("\n".join(lines) + "\n" + self.listener_options(out, tls=tls)).encode()
-        )
+        write_atomically(conf, "\n".join(lines).encode())
         self._write_access(out, tls=tls, topics=self.topics)
         if account is not None:
             for path in out.iterdir():
@@ -282,13 +294,63 @@ class FleetAccess:
         return {n for n in names - RESERVED_USERS if valid_device_id(n)}
 
     def _write_access(self, out: Path, *, tls: bool, topics: Topics) -> list[Path]:
-        """The files that change with the devices: the ACL, and the password file or the CRL."""
-        write_atomically(out / "acl", render_acl(topics, devices=self._devices()).encode())
+        """The files that change with the devices: the ACLs, and the password files or the
+        CRLs. A directory whose mosquitto.conf predates the control plane's own ACL (both
+        listeners read ``acl`` and ``passwd``) keeps the control plane's user in them."""
+        conf = out / "mosquitto.conf"
+        apart = not conf.is_file() or SERVICES_ACL in conf.read_text()
+        # the devices' listener: the control plane's user is not in its files (apart)
+        cp_users = () if apart else (CONTROL_PLANE_USER,)
+        acl = render_acl(topics, devices=self._devices(), control_plane_users=cp_users)
+        write_atomically(out / "acl", acl.encode())
+        services_acl = render_acl(
+            topics, control_plane_users=(CONTROL_PLANE_USER,), dashboard_users=(), patterns=False
+        )
+        write_atomically(out / SERVICES_ACL, services_acl.encode())
+        services = self.passwords.only((CONTROL_PLANE_USER,), out / SERVICES_PASSWD)
+        services.save()
+        written = [out / "acl", out / SERVICES_ACL, services.path]
         if tls:
             write_atomically(out / "crl.pem", self.ca.crl_pem())
-            return [out / "acl", out / "crl.pem"]
-        self.passwords.save(out / "passwd")
-        return [out / "acl", out / "passwd"]
+            refused = (CONTROL_PLANE_USER,) if apart else ()
+            write_atomically(out / DEVICES_CRL, self.ca.crl_pem(refused=refused))
+            return [*written, out / "crl.pem", out / DEVICES_CRL]
+        users = tuple(u for u in self.passwords.entries if not (apart and u == CONTROL_PLANE_USER))
+        devices = self.passwords.only(users, out / "passwd")
+        devices.save()
+        return [*written, devices.path]
+
+
+def broker_preamble(data: Path, owner: str | None) -> list[str]:
+    """The first lines of a fleet broker's mosquitto.conf, before its listeners: its user,
+    persistence and pid file in ``data``, and the queues the control plane relies on."""
+    lines = ["# Generated by `edgefleet fleet`; regenerate rather than edit."]
+    lines += [f"user {owner}"] if owner else []
+    return [
+        *lines,
+        # the control plane's messages queued for an offline device (and the devices' for
+        # a restarting control plane) survive a broker restart (docs/operations.md)
+        "persistence true",
+        f"persistence_location {data}/",
+        "autosave_interval 60",
+        f"pid_file {data / 'mosquitto.pid'}",  # for a reload: kill -HUP $(cat ...)
+        # the control plane acknowledges device messages once stored: a wide in-flight
+        # window (its mqtt_broker_inflight setting must match) and room to queue while it
+        # restarts
+        "max_inflight_messages 1000",
+        "max_queued_messages 100000",
+    ]
+
+
+def _tls_options(out: Path, crl: str) -> list[str]:
+    return [
+        f"cafile {out / 'ca.pem'}",
+        f"certfile {out / 'server.pem'}",
+        f"keyfile {out / 'server.key'}",
+        f"crlfile {out / crl}",
+        "require_certificate true",
+        "tls_version tlsv1.2",
+    ]
 
 
 def _check_device_id(device_id: str) -> None:

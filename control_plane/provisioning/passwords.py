@@ -68,13 +68,18 @@ class PasswordFile:
                 entries[user] = encoded
         return cls(path, entries)
 
-    def issue(self, user: str) -> str:
-        """Give ``user`` a new random password (replacing any old one) and return it."""
+    def issue(self, user: str, password: str | None = None) -> str:
+        """Give ``user`` ``password`` (None: a new random one), replacing any old one, and
+        return it."""
         if ":" in user or not user:
             raise ValueError(f"username {user!r}: must be non-empty and without ':'")
-        password = new_password()
+        password = password or new_password()
         self.entries[user] = hash_password(password)
         return password
+
+    def only(self, users: tuple[str, ...], path: Path) -> PasswordFile:
+        """A copy, to be saved at ``path``, holding ``users``' entries alone."""
+        return PasswordFile(path, {u: self.entries[u] for u in users if u in self.entries})
 
     def remove(self, user: str) -> bool:
         return self.entries.pop(user, None) is not None

@@ -5,14 +5,22 @@ Ingest hands over every telemetry message that carries sketches (:meth:`DriftMon
 a bounded queue, never waiting). One task takes them in order and, per (model, version,
 device), merges each window into what it holds of the earlier ones, weighted down by
 ``decay`` at every new window, so a shift weighs half of what is judged after one window and
-seven eighths after three. Once ``min_rows`` sampled rows are held, every feature is compared
+seven eighths after three. Once ``min_rows`` sampled rows are merged, every feature is compared
 with the reference set (:mod:`control_plane.quality.drift`) and the result replaces the
 device's row in ``input_drift``; every ``fleet_interval_s`` the devices' merged windows are
 added up and judged as the fleet (``device_id`` ``*``).
 
+What is merged is stored (``drift_sketches``, with the last ``seq`` merged) in the same
+transaction as the judgement, its rows locked meanwhile: every replica merges the windows it
+ingests into the same state, and judges the fleet from every device's (those heard from within
+``forget_after_s``), and a restarted control plane goes on from there. A window sent again, or
+that another replica merged already, is not merged twice (:class:`Merged`); windows that
+replicas take out of order are merged in the order they are stored (with ``decay``, each
+weighs a little more or less than in the device's order; the rows do not change).
+
 A device or the fleet crossing ``psi_threshold`` is logged as a warning ("input drift over
-threshold") and counted in ``edgefleet_input_drift_alerts``, once per crossing. What is held
-lives in this process: a restarted control plane judges again after ``min_rows``.
+threshold") and counted in ``edgefleet_input_drift_alerts``, once per crossing (a device's
+crossing is stored with its windows; the fleet's is each replica's own, as are the gauges).
 """
 
 from __future__ import annotations
@@ -22,14 +30,16 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from common.protocol.drift import InputSketch
 from common.protocol.messages import Telemetry
-from control_plane.db.models import InputDrift, Model, ModelVersion
+from control_plane.db.models import DriftSketch, InputDrift, Model, ModelVersion
 from control_plane.metrics import FleetMetrics
 from control_plane.quality.drift import (
     Distribution,
@@ -41,8 +51,8 @@ from control_plane.quality.drift import (
     values_bins,
 )
 from control_plane.quality.reference import ReferenceSet, load_reference
-from control_plane.quality.settings import DriftSettings
 from control_plane.registry.store import ArtifactStore
+from control_plane.settings.drift import DriftSettings
 
 log = logging.getLogger("edgefleet.control_plane.drift")
 
@@ -50,6 +60,17 @@ FLEET = "*"
 """The ``device_id`` of the fleet-wide row."""
 PRUNE_WEIGHT = 1e-3
 PRUNE_INTERVAL_S = 60.0
+ATTEMPTS = 3
+"""Tries of a batch's transaction (another replica making a device's row first fails one)."""
+CHUNK = 1000
+"""Device ids per ``IN`` list."""
+SEQ_MEMORY = 64
+"""Windows of a device remembered by ``seq`` (:class:`Merged`): one sent again later than
+this many newer ones is merged twice; the agent resends within seconds."""
+Key = tuple[str, int, str]
+"""(model, version, device id), or the fleet's (device id :data:`FLEET`)."""
+Judged = tuple[Key, float, int, list["FeatureDrift"]]
+"""What was judged: the key, its rows and windows, and each feature's drift."""
 
 
 @dataclass
@@ -99,6 +120,34 @@ class _Held:
                 )
                 self.features.setdefault((sketch.name, fs.feature), _Feature()).add(window)
 
+    def add(self, other: _Held) -> None:
+        """Add a device's windows to the fleet's: those of an input at another accuracy than
+        the fleet's (the latest seen) are left out, as their bins are another grid."""
+        self.rows += other.rows
+        self.windows += other.windows
+        self.accuracy |= other.accuracy
+        for k, f in other.features.items():
+            if other.accuracy[k[0]] == self.accuracy[k[0]]:
+                self.features.setdefault(k, _Feature()).add(f)
+
+    def doc(self) -> dict[str, Any]:
+        """As stored (``DriftSketch.sketch``): JSON has no float keys, so bins are two lists."""
+        return {
+            "accuracy": self.accuracy,
+            "features": [
+                [name, feature, f.count, f.total, list(f.bins), list(f.bins.values())]
+                for (name, feature), f in self.features.items()
+            ],
+        }
+
+    @classmethod
+    def of(cls, row: DriftSketch) -> _Held:
+        features = {
+            (name, feature): _Feature(dict(zip(values, weights, strict=True)), count, total)
+            for name, feature, count, total, values, weights in row.sketch["features"]
+        }
+        return cls(row.rows, row.windows, dict(row.sketch["accuracy"]), features, row.over)
+
 
 @dataclass(frozen=True)
 class _Reference:
@@ -130,14 +179,13 @@ class DriftMonitor:
         self.settings = settings
         self._queue: deque[tuple[str, Telemetry]] = deque()
         self._arrived = asyncio.Event()
-        self._held: dict[tuple[str, int, str], _Held] = {}
-        self._last_seq: dict[str, int] = {}
         self._fleet_at: dict[tuple[str, int], float] = {}
         self._references: dict[tuple[str, int], _Reference | None] = {}
         self._psi: dict[tuple[str, int], dict[str, float]] = {}
-        """Per model version: the latest largest PSI of each device, for the worst's gauge."""
-        self._seen: dict[tuple[str, int, str], float] = {}
-        """When each device's windows of a version were last merged (monotonic)."""
+        """Per model version: the latest largest PSI of each device this replica judged, for
+        the worst's gauge."""
+        self._seen: dict[Key, float] = {}
+        """When this replica last merged each device's windows of a version (monotonic)."""
         self._pruned_at = time.monotonic()
         self._fleet_over: dict[tuple[str, int], bool] = {}
         self.dropped = 0
@@ -164,62 +212,101 @@ class DriftMonitor:
                     log.exception("input drift not judged", extra={"messages": len(batch)})
 
     async def process(self, batch: list[tuple[str, Telemetry]]) -> None:
-        """Merge ``batch``'s windows, judge what changed, store the results."""
-        touched: set[tuple[str, int, str]] = set()
-        for device_id, message in batch:
-            if message.seq <= self._last_seq.get(device_id, 0):
-                continue  # a window sent again, or one older than what was merged
-            self._last_seq[device_id] = message.seq
-            for m in message.models:
-                if m.inputs:
-                    key = (m.model, m.version, device_id)
-                    self._held.setdefault(key, _Held()).merge(m.inputs, self.settings.decay)
-                    touched.add(key)
+        """Merge ``batch``'s windows into the stored sketches, judge what changed, store the
+        results and the sketches, in one transaction."""
+        windows = _windows(batch)
+        if not windows:
+            return
         now = time.monotonic()
-        for key in touched:
+        for key in windows:
             self._seen[key] = now
-        if now - self._pruned_at > PRUNE_INTERVAL_S:
-            self._forget(now - self.settings.forget_after_s)
-            self._pruned_at = now
-        versions = {(model, version) for model, version, _ in touched}
+        versions = {key[:2] for key in windows}
+        fleets = set()
         for mv in versions:
             if now - self._fleet_at.get(mv, -1e18) >= self.settings.fleet_interval_s:
                 self._fleet_at[mv] = now
-                touched.add((*mv, FLEET))
+                fleets.add(mv)
         references = {mv: await self._reference(*mv) for mv in versions}
-        judged = await asyncio.to_thread(self._judge_all, touched, references)
-        if judged:
-            await self._store(judged)
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                judged = await self._merge_and_judge(windows, references, fleets)
+                break
+            except (IntegrityError, OperationalError):
+                # another replica made a device's row first (or SQLite was busy): its row is
+                # there now, and locked, for the next try
+                if attempt == ATTEMPTS:
+                    raise
+        self._gauges(judged)
+        if now - self._pruned_at > PRUNE_INTERVAL_S:
+            await self._forget(now)
+            self._pruned_at = now
+
+    async def _merge_and_judge(
+        self,
+        windows: dict[Key, list[tuple[int, list[InputSketch]]]],
+        references: dict[tuple[str, int], _Reference | None],
+        fleets: set[tuple[str, int]],
+    ) -> list[Judged]:
+        at = datetime.now(UTC)
+        async with self.sessions.begin() as s:
+            rows = await _locked(s, sorted(windows))
+            held: dict[Key, _Held] = {}
+            for key in sorted(windows):
+                row = rows.get(key)
+                h = _Held.of(row) if row is not None else _Held()
+                seqs = Merged(row.sketch.get("seqs", []) if row is not None else [])
+                fresh = [(seq, inputs) for seq, inputs in windows[key] if seqs.take(seq)]
+                if not fresh:
+                    continue  # every one sent again, or merged by another replica already
+                for _, inputs in fresh:
+                    h.merge(inputs, self.settings.decay)
+                if row is None:
+                    row = rows[key] = DriftSketch(model=key[0], version=key[1], device_id=key[2])
+                    s.add(row)
+                # complete before the fleet's query flushes it
+                row.last_seq, row.rows, row.windows, row.over = seqs.last, h.rows, h.windows, h.over
+                row.sketch, row.updated_at = {**h.doc(), "seqs": seqs.seqs}, at
+                held[key] = h
+            for mv in sorted(fleets):
+                held[(*mv, FLEET)] = await self._fleet(s, mv, held, at)
+            judged = await asyncio.to_thread(self._judge_all, held, references)
+            await self._store(s, judged, held, at)
+            for key, h in held.items():
+                if key in rows:
+                    rows[key].over = h.over
+        return judged
+
+    async def _fleet(
+        self, s: AsyncSession, mv: tuple[str, int], held: dict[Key, _Held], at: datetime
+    ) -> _Held:
+        """Every device's stored windows of ``mv`` heard from within ``forget_after_s``,
+        added up (those this batch merged as merged now)."""
+        since = at - timedelta(seconds=self.settings.forget_after_s)
+        rows = await s.execute(
+            select(DriftSketch).where(
+                DriftSketch.model == mv[0],
+                DriftSketch.version == mv[1],
+                DriftSketch.updated_at >= since,
+            )
+        )
+        fleet = _Held()
+        for row in rows.scalars():
+            fleet.add(held.get((row.model, row.version, row.device_id)) or _Held.of(row))
+        return fleet
 
     def _judge_all(
-        self,
-        touched: set[tuple[str, int, str]],
-        references: dict[tuple[str, int], _Reference | None],
-    ) -> list[tuple[tuple[str, int, str], float, int, list[FeatureDrift]]]:
+        self, held: dict[Key, _Held], references: dict[tuple[str, int], _Reference | None]
+    ) -> list[Judged]:
         out = []
-        for key in sorted(touched):
+        for key in sorted(held):
             reference = references[key[:2]]
-            if reference is None:
+            h = held[key]
+            if reference is None or h.rows < self.settings.min_rows:
                 continue
-            held = self._fleet(*key[:2]) if key[2] == FLEET else self._held[key]
-            if held.rows < self.settings.min_rows:
-                continue
-            drifts = self._judge(held, reference)
+            drifts = self._judge(h, reference)
             if drifts:
-                out.append((key, held.rows, held.windows, drifts))
+                out.append((key, h.rows, h.windows, drifts))
         return out
-
-    def _fleet(self, model: str, version: int) -> _Held:
-        fleet = _Held()
-        for (m, v, _), held in self._held.items():
-            if (m, v) == (model, version):
-                fleet.rows += held.rows
-                fleet.windows += held.windows
-                fleet.accuracy |= held.accuracy
-                for k, f in held.features.items():
-                    if held.accuracy[k[0]] == fleet.accuracy[k[0]]:
-                        fleet.features.setdefault(k, _Feature()).add(f)
-        return fleet
 
     def _judge(self, held: _Held, reference: _Reference) -> list[FeatureDrift]:
         drifts = []
@@ -256,31 +343,30 @@ class DriftMonitor:
         return cached
 
     async def _store(
-        self, judged: list[tuple[tuple[str, int, str], float, int, list[FeatureDrift]]]
+        self, s: AsyncSession, judged: list[Judged], held: dict[Key, _Held], at: datetime
     ) -> None:
-        at = datetime.now(UTC)
-        threshold = self.settings.psi_threshold
-        async with self.sessions.begin() as s:
-            for (model, version, device_id), rows, windows, drifts in judged:
-                worst = max(drifts, key=lambda d: d.psi)
-                row = (
-                    await s.execute(
-                        select(InputDrift).where(
-                            InputDrift.model == model,
-                            InputDrift.version == version,
-                            InputDrift.device_id == device_id,
-                        )
+        for (model, version, device_id), rows, windows, drifts in judged:
+            worst = max(drifts, key=lambda d: d.psi)
+            row = (
+                await s.execute(
+                    select(InputDrift).where(
+                        InputDrift.model == model,
+                        InputDrift.version == version,
+                        InputDrift.device_id == device_id,
                     )
-                ).scalar_one_or_none()
-                if row is None:
-                    row = InputDrift(model=model, version=version, device_id=device_id)
-                    s.add(row)
-                row.computed_at, row.rows, row.windows, row.psi = at, rows, windows, worst.psi
-                row.ks = max(d.ks for d in drifts)
-                row.wasserstein = max(d.wasserstein for d in drifts)
-                row.feature = worst.label
-                row.features = [d.to_dict() for d in drifts]
-                self._alert(model, version, device_id, worst, windows, threshold)
+                )
+            ).scalar_one_or_none()
+            if row is None:
+                row = InputDrift(model=model, version=version, device_id=device_id)
+                s.add(row)
+            row.computed_at, row.rows, row.windows, row.psi = at, rows, windows, worst.psi
+            row.ks = max(d.ks for d in drifts)
+            row.wasserstein = max(d.wasserstein for d in drifts)
+            row.feature = worst.label
+            row.features = [d.to_dict() for d in drifts]
+            self._alert((model, version, device_id), held[(model, version, device_id)], worst)
+
+    def _gauges(self, judged: list[Judged]) -> None:
         for (model, version, device_id), _, _, drifts in judged:
             worst_psi = max(d.psi for d in drifts)
             if device_id == FLEET:
@@ -291,30 +377,28 @@ class DriftMonitor:
             largest = max(self._psi[(model, version)].values())
             self.metrics.drift_psi.labels(model, str(version), "max").set(largest)
 
-    def _forget(self, before: float) -> None:
-        """Drop what is held of device versions not heard from since ``before``."""
+    async def _forget(self, now: float) -> None:
+        """Drop the stored windows of device versions not heard from within
+        ``forget_after_s`` (their stored drift stays), and this replica's gauges of them."""
+        before = now - self.settings.forget_after_s
         for key in [k for k, at in self._seen.items() if at < before]:
             del self._seen[key]
-            self._held.pop(key, None)
             self._psi.get(key[:2], {}).pop(key[2], None)
+        since = datetime.now(UTC) - timedelta(seconds=self.settings.forget_after_s)
+        async with self.sessions.begin() as s:
+            await s.execute(delete(DriftSketch).where(DriftSketch.updated_at < since))
 
-    def _alert(
-        self,
-        model: str,
-        version: int,
-        device_id: str,
-        worst: FeatureDrift,
-        windows: int,
-        threshold: float,
-    ) -> None:
-        key = (model, version, device_id)
-        held = self._held.get(key) if device_id != FLEET else None
+    def _alert(self, key: Key, held: _Held, worst: FeatureDrift) -> None:
+        """Log and count a crossing of ``psi_threshold``, once per crossing (a device's state
+        is stored with its windows; the fleet's, this replica's)."""
+        model, version, device_id = key
+        threshold = self.settings.psi_threshold
         over = worst.psi > threshold
-        was = held.over if held is not None else self._fleet_over.get(key[:2], False)
-        if held is not None:
-            held.over = over
-        else:
+        if device_id == FLEET:
+            was = self._fleet_over.get(key[:2], False)
             self._fleet_over[key[:2]] = over
+        else:
+            was, held.over = held.over, over
         if over and not was:
             self.metrics.drift_alerts.labels(model, str(version)).inc()
             log.warning(
@@ -327,7 +411,7 @@ class DriftMonitor:
                     "psi": round(worst.psi, 4),
                     "ks": round(worst.ks, 4),
                     "threshold": threshold,
-                    "windows": windows,
+                    "windows": held.windows,
                 },
             )
         elif was and not over:
@@ -335,3 +419,61 @@ class DriftMonitor:
                 "input drift back under threshold",
                 extra={"model": model, "version": version, "device_id": device_id},
             )
+
+
+class Merged:
+    """The telemetry ``seq`` of a device's last :data:`SEQ_MEMORY` windows merged. Replicas
+    take a device's windows in no set order (a shared subscription deals them out, each
+    replica stores its batches when it can): one older than the newest merged is still merged
+    unless it is one of these, or older than all of them."""
+
+    def __init__(self, seqs: list[int]) -> None:
+        self.seqs = sorted(seqs)
+
+    @property
+    def last(self) -> int:
+        return self.seqs[-1] if self.seqs else 0
+
+    def take(self, seq: int) -> bool:
+        """Whether ``seq`` is to be merged (then remembered)."""
+        if seq in self.seqs or (len(self.seqs) >= SEQ_MEMORY and seq < self.seqs[0]):
+            return False
+        self.seqs = sorted([*self.seqs, seq])[-SEQ_MEMORY:]
+        return True
+
+
+def _windows(
+    batch: list[tuple[str, Telemetry]],
+) -> dict[Key, list[tuple[int, list[InputSketch]]]]:
+    """A batch's sketches by (model, version, device), each device's in ``seq`` order."""
+    out: dict[Key, list[tuple[int, list[InputSketch]]]] = {}
+    for device_id, message in batch:
+        for m in message.models:
+            if m.inputs:
+                out.setdefault((m.model, m.version, device_id), []).append((message.seq, m.inputs))
+    for windows in out.values():
+        windows.sort(key=lambda w: w[0])
+    return out
+
+
+async def _locked(s: AsyncSession, keys: list[Key]) -> dict[Key, DriftSketch]:
+    """The stored windows of ``keys``, locked until the transaction ends (on PostgreSQL: two
+    replicas merging one device's windows take turns), always in one order (no deadlock)."""
+    out: dict[Key, DriftSketch] = {}
+    by_version: dict[tuple[str, int], list[str]] = {}
+    for model, version, device_id in keys:
+        by_version.setdefault((model, version), []).append(device_id)
+    for (model, version), devices in sorted(by_version.items()):
+        for start in range(0, len(devices), CHUNK):
+            rows = await s.execute(
+                select(DriftSketch)
+                .where(
+                    DriftSketch.model == model,
+                    DriftSketch.version == version,
+                    DriftSketch.device_id.in_(devices[start : start + CHUNK]),
+                )
+                .order_by(DriftSketch.device_id)
+                .with_for_update()
+            )
+            out |= {(r.model, r.version, r.device_id): r for r in rows.scalars()}
+    return out

@@ -27,11 +27,20 @@ from common.protocol.messages import HealthCriteria
 from control_plane.db.models import Artifact, Model, ModelVersion
 from control_plane.db.session import required_utc
 from control_plane.errors import Conflict, Invalid, NotFound, TooLarge
-from runtimes.errors import RuntimeFailure, validation_message
-from runtimes.formats import ModelFormat, find_model_file
+from runtimes.errors import ModelFileError, RuntimeFailure, validation_message
+from runtimes.formats import GENAI_CONFIG, GENAI_FORMAT, ModelFormat, find_model_file
 
 STAGES = ("candidate", "production", "retired")
-_FILE_SUFFIX = {"onnx": (".onnx",), "tflite": (".tflite",), "openvino_ir": (".xml", ".bin")}
+_FILE_SUFFIX = {
+    "onnx": (".onnx",),
+    "tflite": (".tflite",),
+    "openvino_ir": (".xml", ".bin"),
+    GENAI_FORMAT: (GENAI_CONFIG, ".onnx", "tokenizer.json"),
+}
+"""What a variant of each format must hold before it is complete (name endings)."""
+_GENAI_FILES = (".json", ".onnx", ".onnx.data", ".onnx_data", ".data", ".jinja", ".txt")
+"""What a generative folder's files may be called: config, decoder and its weights, tokenizer
+files, chat templates."""
 
 
 class ArtifactStore:
@@ -191,6 +200,13 @@ async def create_version(
 def check_file_name(fmt: str, filename: str) -> None:
     if "/" in filename or filename.startswith(".") or not filename:
         raise Invalid(f"file name {filename!r} is not allowed")
+    if fmt == GENAI_FORMAT:
+        if not filename.endswith(_GENAI_FILES):
+            raise Invalid(
+                f"a {fmt} variant holds a generative folder's files "
+                f"({', '.join(_GENAI_FILES)}), not {filename!r}"
+            )
+        return
     if not filename.endswith(_FILE_SUFFIX[fmt]) and not PIPELINE_FILES.match(filename):
         raise Invalid(
             f"a {fmt} variant holds {' and '.join(_FILE_SUFFIX[fmt])} files and a pipeline's "
@@ -225,6 +241,8 @@ def read_signature(store: ArtifactStore, variant: dict[str, Any]) -> dict[str, A
     from runtimes.backends import BACKENDS, open_model
     from runtimes.base import Placement
 
+    if variant["format"] == GENAI_FORMAT:
+        return _generative_signature(store, variant)
     fmt = ModelFormat(variant["format"])
     runtime = next(
         name for name, cls in BACKENDS.items() if fmt in cls.formats and _installed(name)
@@ -240,6 +258,27 @@ def read_signature(store: ArtifactStore, variant: dict[str, Any]) -> dict[str, A
             return loaded.signature.model_dump(mode="json")
         finally:
             loaded.close()
+
+
+def _generative_signature(store: ArtifactStore, variant: dict[str, Any]) -> dict[str, Any]:
+    """A generative folder's signature: what its config says of the model. A config that does
+    not read is no refusal here: validation names the reason (``models validate``), as it does
+    for every other fault of the folder."""
+    from runtimes.generative_check import GenaiFolder
+
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            folder = GenaiFolder.read(store.materialise(variant["files"], Path(scratch)))
+        except ModelFileError as exc:
+            return {"generative": {"problem": str(exc)}}
+    return {
+        "generative": {
+            "decoder": folder.decoder_file.name,
+            "vocab_size": folder.vocab,
+            "context_length": folder.context,
+            "layers": folder.layers,
+        }
+    }
 
 
 def _installed(runtime: str) -> bool:

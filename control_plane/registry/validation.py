@@ -27,12 +27,13 @@ from common.pipeline_config import (
     parse_pipeline,
 )
 from common.pipeline_steps import StepError, run_offline
+from control_plane.registry.generative import validate_generative
 from control_plane.registry.store import ArtifactStore
 from runtimes.backends import BACKENDS, open_model
 from runtimes.base import Placement, Runtime
 from runtimes.datatypes import numpy_dtype
 from runtimes.errors import ModelFileError, RuntimeFailure
-from runtimes.formats import find_model_file
+from runtimes.formats import GENAI_FORMAT, find_model_file
 from runtimes.golden import GoldenSample
 from runtimes.inventory import probe_runtimes
 
@@ -77,6 +78,7 @@ def validate(
     outputs: list[tuple[str, dict[str, np.ndarray]]] = []
     first: Runtime | None = None
     probe: dict[str, np.ndarray] | None = golden_sample.inputs if golden_sample else None
+    generative_ran = False
     with tempfile.TemporaryDirectory() as scratch:
         for i, variant in enumerate(variants):
             if not variant["files"]:
@@ -84,6 +86,10 @@ def validate(
                 continue
             directory = Path(scratch) / str(i)
             directory.mkdir()
+            if variant["format"] == GENAI_FORMAT:
+                store.materialise(variant["files"], directory)
+                generative_ran |= validate_generative(directory, f"variant {i} (genai)", check)
+                continue
             try:
                 model_file, fmt = find_model_file(store.materialise(variant["files"], directory))
             except RuntimeFailure as exc:
@@ -162,7 +168,7 @@ def validate(
                 )
         if first is not None:
             first.close()
-    if not outputs:
+    if not outputs and not generative_ran:
         check("at least one variant runs", False, "nothing could be run")
     return {
         "passed": all(c["passed"] for c in checks),

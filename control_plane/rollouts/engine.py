@@ -6,7 +6,7 @@
        v  |                      |
      paused                      v
                            rolling_back --(every touched device back)--> rolled_back
-    (cancel: stop where it is, no rollback)  -> cancelled
+    (cancel: stop where it is, no rollback; scheduled switches withdrawn)  -> cancelled
 
 All state lives in the database, so a restarted control plane picks every rollout up where it
 was. Device events move device states at once; a periodic tick handles timers (device
@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Collection
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -34,10 +35,12 @@ from sqlalchemy.orm import selectinload
 
 from common.protocol.messages import UpdateEvent
 from control_plane.db.models import Device, Rollout
+from control_plane.db.states import ACTIVE, DeviceRolloutState, RolloutState
 from control_plane.errors import Conflict, NotFound
 from control_plane.leadership.lease import Fenced, Leadership
 from control_plane.metrics import FleetMetrics
-from control_plane.mqtt.bus import FleetBus
+from control_plane.mqtt.publisher import Publisher
+from control_plane.rollouts.cancel import cancel_devices
 from control_plane.rollouts.events import CHUNK, apply_events, moves_rollout
 from control_plane.rollouts.plan import plan_rollout
 from control_plane.rollouts.reconcile import reconcile
@@ -51,7 +54,6 @@ from control_plane.rollouts.sending import (
 )
 from control_plane.rollouts.shadow import shadow_wave, withdraw_shadows
 from control_plane.rollouts.spec import Gates, RolloutSpec
-from control_plane.rollouts.states import ACTIVE, DeviceRolloutState, RolloutState
 from control_plane.rollouts.waves import fail, judge_wave
 from control_plane.signing.keys import KeyRing
 
@@ -68,7 +70,7 @@ class RolloutEngine:
     def __init__(
         self,
         sessions: async_sessionmaker[AsyncSession],
-        bus: FleetBus,
+        bus: Publisher,
         keys: KeyRing,
         metrics: FleetMetrics,
         *,
@@ -160,11 +162,42 @@ class RolloutEngine:
         await self._step_if_leading(rollout_id)
 
     async def cancel(self, rollout_id: int, user: str) -> None:
-        await self._transition(
-            rollout_id,
-            {RolloutState.RUNNING, RolloutState.PAUSED},
-            RolloutState.CANCELLED,
-            f"cancelled by {user}",
+        """Stop the rollout where it is: switched devices keep the new version, scheduled
+        switches and shadows are withdrawn, the devices not reached are skipped
+        (:mod:`.cancel`). Any replica serves it, as it serves the other operator actions: not
+        fenced."""
+        held: list[tuple[str, list[dict[str, Any]]]] = []
+
+        def hold(device: Device) -> None:  # published once committed, as a step's are
+            held.append((device.id, list(device.desired.values())))
+
+        async with self._lock, self.sessions.begin() as session:
+            rollout = await _locked(session, rollout_id)
+            if rollout is None:
+                raise NotFound(f"no rollout {rollout_id}")
+            if rollout.state not in (RolloutState.RUNNING, RolloutState.PAUSED):
+                raise Conflict(
+                    f"rollout {rollout_id} is {rollout.state}; cannot go to "
+                    f"{RolloutState.CANCELLED}"
+                )
+            now = datetime.now(UTC)
+            # a wave in its shadow phase: its candidates are unloaded, never switched to
+            await withdraw_shadows(session, rollout, now, hold)
+            await cancel_devices(
+                session,
+                rollout,
+                now,
+                sign=self.keys.sign_message,
+                ttl_s=self.manifest_ttl_s,
+                publish=hold,
+            )
+            rollout.state, rollout.reason = RolloutState.CANCELLED, f"cancelled by {user}"
+            rollout.updated_at = now
+        for device_id, manifests in held:
+            self.bus.publish_desired(device_id, manifests)
+        log.info(
+            "rollout state",
+            extra={"rollout": rollout_id, "state": RolloutState.CANCELLED, "withdrawn": len(held)},
         )
 
     async def abort(self, rollout_id: int, user: str) -> None:
@@ -377,14 +410,7 @@ class RolloutEngine:
 
     async def _step(self, rollout_id: int) -> None:
         async with self._lock, self._transaction() as session:
-            rollout = (
-                await session.execute(
-                    select(Rollout)
-                    .where(Rollout.id == rollout_id)
-                    .options(selectinload(Rollout.devices))
-                    .with_for_update()
-                )
-            ).scalar_one_or_none()
+            rollout = await _locked(session, rollout_id)
             if rollout is None or rollout.state not in ACTIVE:
                 return
             now = datetime.now(UTC)
@@ -466,6 +492,17 @@ class RolloutEngine:
         )
         if rolled_back:
             self._rolling_back.discard(rollout.id)
+
+
+async def _locked(session: AsyncSession, rollout_id: int) -> Rollout | None:
+    """The rollout with its devices, its row locked for the transaction (PostgreSQL)."""
+    query = (
+        select(Rollout)
+        .where(Rollout.id == rollout_id)
+        .options(selectinload(Rollout.devices))
+        .with_for_update()
+    )
+    return (await session.execute(query)).scalar_one_or_none()
 
 
 def _rollout_ids(events: list[UpdateEvent]) -> list[int]:

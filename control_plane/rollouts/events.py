@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from common.protocol.messages import UpdateEvent, UpdateState
 from control_plane.db.models import Rollout, RolloutDevice
-from control_plane.rollouts.states import DeviceRolloutState, RolloutState
+from control_plane.db.states import DeviceRolloutState, RolloutState
 
 OUTCOMES = {
     UpdateState.COMMITTED: DeviceRolloutState.COMMITTED,
@@ -23,6 +23,8 @@ OUTCOMES = {
 REFUSALS = (UpdateState.ROLLED_BACK, UpdateState.REJECTED)
 NEVER_REPORTED = "never reported the new version"
 """Reason of a device given up on while rolling back: a commit it reports later reopens it."""
+SWITCHED_BEFORE_CANCEL = "switched before the cancel reached it: keeps the new version"
+DROPPED = "; the device dropped it"
 REASON_LIMIT = 1024
 """Characters of a device's reason kept (a self-test's report can run to kilobytes)."""
 CHUNK = 1000
@@ -144,6 +146,11 @@ async def _apply_event(
                 rd.state, rd.reason = DeviceRolloutState.REVERTED, f"never switched ({reason})"
         elif rd.state is DeviceRolloutState.COMMITTED:
             pass  # a device does not un-commit: a later refusal of it is a repeat
+        elif rd.state is DeviceRolloutState.WITHDRAWN:
+            if outcome is DeviceRolloutState.COMMITTED:  # its window opened before it heard
+                rd.state, rd.reason = outcome, SWITCHED_BEFORE_CANCEL
+            elif not rd.reason.endswith(DROPPED):
+                rd.reason += DROPPED  # what a withdrawal on the device reports
         elif rd.state in (
             DeviceRolloutState.PENDING,
             DeviceRolloutState.SENT,

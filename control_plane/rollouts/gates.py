@@ -1,5 +1,7 @@
 """The telemetry health gates of a rollout's wave: error rate and p99 latency of the new
-version on the devices that committed it, against the previous version's before the rollout."""
+version on the devices that committed it, against the previous version's before the rollout;
+for a generative version also its p99 time to first token and between tokens, against the
+limits the rollout sets."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import InputDrift, Rollout, RolloutDevice, TelemetrySample
 from control_plane.db.session import required_utc
+from control_plane.db.states import DeviceRolloutState
 from control_plane.rollouts.events import CHUNK
 from control_plane.rollouts.spec import Gates
-from control_plane.rollouts.states import DeviceRolloutState
 
 BASELINE = timedelta(minutes=10)
 """How far before a rollout the previous version's latency is read."""
@@ -42,6 +44,8 @@ async def telemetry_gates(
         "errors": new["errors"],
         "p99_ms": new["p99_ms"],
     }
+    if new["generated_tokens"]:
+        report |= {k: new[k] for k in ("ttft_p99_ms", "inter_token_p99_ms", "generated_tokens")}
     if new["requests"] < max(gates.min_requests, 1):
         report["note"] = (
             f"fewer than {gates.min_requests} requests: error rate and latency not judged yet"
@@ -55,6 +59,9 @@ async def telemetry_gates(
             f"exceeds {gates.max_error_rate:.1%}",
             report,
         )
+    verdict = _token_verdict(new, gates)
+    if verdict is not None:
+        return verdict, report
     previous = {d.previous_version for d in touched if d.previous_version is not None}
     if previous and new["p99_ms"]:
         # the previous version's windows received in the BASELINE before the rollout
@@ -75,6 +82,20 @@ async def telemetry_gates(
     return None, report
 
 
+def _token_verdict(new: dict[str, Any], gates: Gates) -> str | None:
+    """Why a generative version's token latencies fail the gates, else None (also for a
+    version with no such figures: a batch model's)."""
+    for key, limit, what in (
+        ("ttft_p99_ms", gates.max_ttft_p99_ms, "time to first token"),
+        ("inter_token_p99_ms", gates.max_inter_token_p99_ms, "inter-token latency"),
+    ):
+        value = new[key]
+        if limit is not None and value is not None and value > limit:
+            gate = f"max_{key}"
+            return f"p99 {what} {value:.1f} ms exceeds {gate} {limit:g} ms"
+    return None
+
+
 async def _window(
     session: AsyncSession,
     model: str,
@@ -84,13 +105,16 @@ async def _window(
     until: datetime,
 ) -> dict[str, Any]:
     """Requests, errors and request-weighted p99 of a model version on some devices, over the
-    windows the control plane received from ``since`` to ``until`` (its own clock)."""
+    windows the control plane received from ``since`` to ``until`` (its own clock); and its
+    tokens generated, its sequence-weighted TTFT p99 and token-weighted inter-token p99."""
+    empty = {"requests": 0, "errors": 0, "p99_ms": None, "generated_tokens": 0}
     if not device_ids:
-        return {"requests": 0, "errors": 0, "p99_ms": None}
+        return empty | {"ttft_p99_ms": None, "inter_token_p99_ms": None}
     t = TelemetrySample
     with_p99 = case((t.p99_ms.is_not(None), t.requests), else_=0)
-    requests = errors = 0
-    weighted = weight = 0.0
+    with_ttft = case((t.ttft_p99_ms.is_not(None), t.requests), else_=0)
+    with_gap = case((t.inter_token_p99_ms.is_not(None), t.generated_tokens), else_=0)
+    sums = [0.0] * 9
     for start in range(0, len(device_ids), CHUNK):
         row = (
             await session.execute(
@@ -99,6 +123,11 @@ async def _window(
                     func.coalesce(func.sum(t.errors), 0),
                     func.coalesce(func.sum(t.p99_ms * with_p99), 0),
                     func.coalesce(func.sum(with_p99), 0),
+                    func.coalesce(func.sum(t.ttft_p99_ms * with_ttft), 0),
+                    func.coalesce(func.sum(with_ttft), 0),
+                    func.coalesce(func.sum(t.inter_token_p99_ms * with_gap), 0),
+                    func.coalesce(func.sum(with_gap), 0),
+                    func.coalesce(func.sum(t.generated_tokens), 0),
                 ).where(
                     t.model == model,
                     t.version == version,
@@ -108,12 +137,18 @@ async def _window(
                 )
             )
         ).one()
-        requests, errors = requests + int(row[0]), errors + int(row[1])
-        weighted, weight = weighted + float(row[2]), weight + float(row[3])
+        sums = [a + float(b) for a, b in zip(sums, row, strict=True)]
+
+    def mean(total: float, weight: float) -> float | None:
+        return total / weight if weight else None
+
     return {
-        "requests": requests,
-        "errors": errors,
-        "p99_ms": float(weighted) / weight if weight else None,
+        "requests": int(sums[0]),
+        "errors": int(sums[1]),
+        "p99_ms": mean(sums[2], sums[3]),
+        "ttft_p99_ms": mean(sums[4], sums[5]),
+        "inter_token_p99_ms": mean(sums[6], sums[7]),
+        "generated_tokens": int(sums[8]),
     }
 
 

@@ -10,13 +10,14 @@ from datetime import UTC, datetime
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.db.models import Device, Model, Rollout, RolloutDevice
+from common.pipeline_config import PIPELINE_FILE
+from control_plane.db.models import Device, Model, ModelVersion, Rollout, RolloutDevice
+from control_plane.db.states import ACTIVE, DeviceRolloutState, RolloutState
 from control_plane.errors import Busy, Conflict, Invalid
 from control_plane.registry.store import get_version
 from control_plane.rollouts.events import CHUNK
 from control_plane.rollouts.manifests import build_manifest
 from control_plane.rollouts.spec import RolloutSpec, wave_bounds
-from control_plane.rollouts.states import ACTIVE, DeviceRolloutState, RolloutState
 
 """Rollout states that still act on their devices."""
 
@@ -39,10 +40,12 @@ async def plan_rollout(
     Raises:
         NotFound: no such model version.
         Conflict: the version was not validated, or failed validation.
-        Invalid: no device matches the selector and profiles.
+        Invalid: no device matches the selector and profiles; a gate the devices cannot
+            feed (:func:`refuse_unjudgeable`).
         Busy: an active rollout of the model holds one of the devices.
     """
     mv = await get_version(session, spec.model, spec.version)
+    refuse_unjudgeable(spec, mv)
     report = mv.validation
     if report is None:
         raise Conflict(f"{spec.model} v{spec.version} has not been validated; validate it first")
@@ -161,3 +164,27 @@ async def matching_devices(session: AsyncSession, spec: RolloutSpec) -> list[Dev
         if all(d.labels.get(k) == v for k, v in spec.selector.items())
         and (not spec.profiles or d.hardware_profile in spec.profiles)
     ]
+
+
+def refuse_unjudgeable(spec: RolloutSpec, mv: ModelVersion) -> None:
+    """Refuse a gate the devices cannot feed: it would hold every wave until its timeout.
+
+    Raises:
+        Invalid: naming the gate and why.
+    """
+    name = f"{spec.model} v{spec.version}"
+    pipeline = any(f.get("name") == PIPELINE_FILE for v in mv.variants for f in v.get("files", []))
+    if spec.gates.max_drift is not None and mv.reference is None:
+        raise Invalid(
+            f"gates.max_drift: {name} has no reference set to judge input drift against; "
+            "push it with --reference, or leave max_drift out"
+        )
+    for gate, given in (
+        ("shadow", spec.shadow is not None),
+        ("gates.max_drift", spec.gates.max_drift is not None),
+    ):
+        if given and pipeline:
+            raise Invalid(
+                f"{gate}: {name} is a pipeline; devices neither shadow nor sketch the inputs "
+                "of pipelines, so this gate could never judge"
+            )

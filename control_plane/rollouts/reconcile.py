@@ -12,9 +12,9 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import Device, Rollout
+from control_plane.db.states import DeviceRolloutState
 from control_plane.rollouts.events import CHUNK
 from control_plane.rollouts.sending import YIELD_EVERY
-from control_plane.rollouts.states import DeviceRolloutState
 
 
 async def reconcile(session: AsyncSession, rollout: Rollout, now: datetime) -> None:

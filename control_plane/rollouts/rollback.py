@@ -19,13 +19,14 @@ from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from common.protocol.messages import ModelManifest
 from control_plane.db.models import Device, Rollout, RolloutDevice
 from control_plane.db.session import required_utc
-from control_plane.mqtt.bus import FleetBus
+from control_plane.db.states import REVERTING, DeviceRolloutState, RolloutState
+from control_plane.mqtt.publisher import Publisher
 from control_plane.rollouts.events import NEVER_REPORTED
 from control_plane.rollouts.manifests import rollback_command
 from control_plane.rollouts.sending import YIELD_EVERY, load_devices
-from control_plane.rollouts.states import REVERTING, DeviceRolloutState, RolloutState
 
 log = logging.getLogger("edgefleet.control_plane.rollouts")
 
@@ -42,7 +43,7 @@ async def roll_back(
     now: datetime,
     *,
     resend: set[str],
-    bus: FleetBus,
+    bus: Publisher,
     sign: Sign,
     publish: Publish,
     hold: Hold,
@@ -101,19 +102,35 @@ async def roll_back(
 
 
 async def restore_desired(
-    session: AsyncSession, rollout: Rollout, rd: RolloutDevice, publish: Publish
+    session: AsyncSession,
+    rollout: Rollout,
+    rd: RolloutDevice,
+    publish: Publish,
+    redate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> None:
-    """Give ``rd``'s device back the desired state it had before ``rollout``."""
+    """Give ``rd``'s device back the desired state it had before ``rollout``; ``redate``:
+    the previous manifest signed again with a fresh validity (:func:`redated`)."""
     device = await session.get(Device, rd.device_id)
     if device is None:
         return
     desired = dict(device.desired)
     if rd.previous_desired:
-        desired[rollout.model] = rd.previous_desired
+        desired[rollout.model] = redate(rd.previous_desired) if redate else rd.previous_desired
     else:
         desired.pop(rollout.model, None)
     device.desired = desired
     publish(device)
+
+
+def redated(envelope: dict[str, Any], now: datetime, ttl_s: float, sign: Sign) -> dict[str, Any]:
+    """A signed manifest signed again as it was, sequence included, valid from ``now`` for
+    ``ttl_s``: the previous version's manifest, kept since its rollout (maybe for longer than
+    its lifetime), must not reach the device expired. A device that runs it passes it over as
+    applied (its sequence is the one it committed: docs/protocol.md)."""
+    manifest = ModelManifest.model_validate(envelope["signed"])
+    return sign(
+        manifest.model_copy(update={"issued_at": now, "expires_at": now + timedelta(seconds=ttl_s)})
+    )
 
 
 async def reverting_among(

@@ -23,9 +23,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from common.protocol.messages import ModelManifest
 from control_plane.db.models import Device, Rollout, RolloutDevice
+from control_plane.db.states import DeviceRolloutState, RolloutState
 from control_plane.rollouts.events import CHUNK
 from control_plane.rollouts.manifests import for_device
-from control_plane.rollouts.states import DeviceRolloutState, RolloutState
 from control_plane.rollouts.windows import held_devices, held_reason
 
 SEND_CHUNK = 1000

@@ -27,11 +27,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from common.protocol.messages import ModelManifest
 from common.protocol.shadow import ShadowStage
 from control_plane.db.models import Device, Rollout, RolloutDevice, ShadowReportRecord
+from control_plane.db.states import FAILED, DeviceRolloutState
 from control_plane.rollouts.events import CHUNK
 from control_plane.rollouts.manifests import for_device
 from control_plane.rollouts.rollback import restore_desired
 from control_plane.rollouts.spec import ShadowSpec
-from control_plane.rollouts.states import FAILED, DeviceRolloutState
 
 Sign = Callable[[ModelManifest], dict[str, Any]]
 Publish = Callable[[Device], None]

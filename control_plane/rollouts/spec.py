@@ -28,6 +28,12 @@ class Gates(BaseModel):
     """Pass a wave whose error-rate and latency gates could not judge (fewer than
     ``min_requests`` requests) at the end of its bake. Off, such a wave waits for traffic, and
     its status says so: a rollout with no traffic proves nothing about the version."""
+    max_ttft_p99_ms: float | None = Field(default=None, gt=0, le=1e9)
+    """A generative version's p99 time to first token on the wave's devices (their windows'
+    p99s weighted by sequences), in ms; over it the rollout rolls back. None: not judged."""
+    max_inter_token_p99_ms: float | None = Field(default=None, gt=0, le=1e9)
+    """A generative version's p99 time between tokens (windows weighted by tokens generated),
+    in ms; over it the rollout rolls back. None: not judged."""
     max_drift: float | None = Field(default=None, gt=0, le=1e6)
     """Largest PSI of any input feature, on the wave's devices, against the version's
     reference set (docs/model-quality.md, "Drift"). Over it the rollout is paused, not rolled

@@ -12,9 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import Rollout, RolloutDevice
 from control_plane.db.session import required_utc
+from control_plane.db.states import FAILED, WAVE_DONE, DeviceRolloutState, RolloutState
 from control_plane.rollouts.gates import drift_gate, telemetry_gates
 from control_plane.rollouts.spec import Gates
-from control_plane.rollouts.states import FAILED, WAVE_DONE, DeviceRolloutState, RolloutState
 
 log = logging.getLogger("edgefleet.control_plane.rollouts")
 
@@ -84,6 +84,9 @@ async def judge_wave(
     pause, drift = await drift_gate(session, rollout, gates, touched, before)
     if drift is not None:
         report["drift"] = drift
+        # a drift gate with nothing judged proves nothing either: it waits as the others do
+        if baked <= now and not drift.get("devices_judged") and not gates.allow_unjudged:
+            waiting = report["waiting_for_drift"] = True
     rollout.gate_report = {**rollout.gate_report, str(rollout.current_wave): report}
     if verdict:
         fail(rollout, verdict)

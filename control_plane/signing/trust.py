@@ -23,7 +23,7 @@ from common.files import fsync_path, write_atomically
 from common.protocol.signing import SigningKey, TrustRoot
 from control_plane.db.models import TrustRootRecord
 from control_plane.errors import Conflict, NotFound
-from control_plane.mqtt.bus import FleetBus
+from control_plane.mqtt.publisher import Publisher
 from control_plane.signing.keys import KeyRing, load_key, load_or_create_key
 
 log = logging.getLogger("edgefleet.control_plane.keys")
@@ -34,7 +34,7 @@ class TrustManager:
         self,
         sessions: async_sessionmaker[AsyncSession],
         keys: KeyRing,
-        bus: FleetBus,
+        bus: Publisher,
         state_dir: Path,
     ) -> None:
         self.sessions = sessions

@@ -1,5 +1,8 @@
 """API tokens with roles, stored hashed. A token is ``efp_<id>_<secret>``; only the SHA-256 of
-the secret is kept, and the token is shown once when created."""
+the secret is kept, and the token is shown once when created.
+
+Below the routes: the API and the console authenticate with it, and ``edgefleet fleet`` and
+``edgefleet control-plane token`` create tokens with it, importing no route."""
 
 from __future__ import annotations
 

@@ -15,12 +15,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import Response
 
 from control_plane.api import audit
-from control_plane.api.auth import Principal
 from control_plane.api.body import json_body, json_request
 from control_plane.api.deps import OPERATOR, SESSION, VIEWER, json_response
 from control_plane.db.models import NAME_LENGTH, MaintenanceWindow
 from control_plane.errors import Conflict, NotFound
 from control_plane.rollouts.windows import MAX_DURATION_S, Window, window_of
+from control_plane.tokens import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["Deployments"])
 

@@ -1,20 +1,30 @@
-"""The states of a rollout and of each device in it: one definition for the engine, the API,
-the CLI and the ``ModelRollout`` CRD's status.
+"""The states the database stores, one definition for the engine, the API, the CLI, the
+console and the ``ModelRollout`` CRD's status: of a rollout and of each device in it, of a claim
+and of an enrolment, and the reasons a device's enrolment is refused. They live here, below
+every area, because the models (:mod:`.models`) store them.
 
 A rollout::
 
     running --pause--> paused --resume--> running
-    running | paused --cancel--> cancelled                  (devices keep what they have)
+    running | paused --cancel--> cancelled    (switched devices keep the new version; scheduled
+                                               switches are withdrawn; see rollouts.cancel)
     running | paused --abort, a failed gate--> rolling_back --every device back--> rolled_back
     running --the last wave passed--> succeeded
 
 A device in a rollout::
 
     pending --its wave starts--> sent --> committed | rejected | rolled_back | timed_out
-    pending --the rollout rolls back first--> skipped
+    pending --the rollout rolls back or is cancelled first--> skipped
+    sent, its switch scheduled for a maintenance window --cancel--> withdrawn
     sent | committed | timed_out --rollback--> reverting --> reverted | revert_timed_out
                                            or reverting_pending (its desired state restored,
                                            nothing to send) --> reverted
+
+An enrolment::
+
+    (claim presented) --> pending --approve--> approved --identity collected--> enrolled
+                          pending --reject---> rejected
+    (claim presented, no approval required) --> approved --> enrolled
 """
 
 from __future__ import annotations
@@ -51,7 +61,10 @@ class DeviceRolloutState(StrEnum):
     TIMED_OUT = "timed_out"
     """Reported nothing within the device timeout."""
     SKIPPED = "skipped"
-    """Not reached before the rollout rolled back."""
+    """Not reached before the rollout rolled back or was cancelled."""
+    WITHDRAWN = "withdrawn"
+    """Sent with its switch scheduled (a maintenance window, ``sent_at`` the opening), and
+    the rollout cancelled before then: its desired state restored, it never switches."""
     REVERTING = "reverting"
     """Rolling back: the previous desired state is published again."""
     REVERTING_PENDING = "reverting_pending"
@@ -73,3 +86,33 @@ FAILED = frozenset({DeviceRolloutState.REJECTED, DeviceRolloutState.ROLLED_BACK}
 """Outcomes the device itself reported as a failure of the new version."""
 REVERTING = frozenset({DeviceRolloutState.REVERTING, DeviceRolloutState.REVERTING_PENDING})
 """Rolling back, not yet seen back on the previous version."""
+
+
+class ClaimState(StrEnum):
+    ACTIVE = "active"
+    EXPIRED = "expired"
+    REVOKED = "revoked"
+    USED_UP = "used_up"
+
+
+class EnrolmentState(StrEnum):
+    PENDING = "pending"
+    """Waiting for an operator's approval."""
+    APPROVED = "approved"
+    """May collect its identity; has not yet."""
+    REJECTED = "rejected"
+    ENROLLED = "enrolled"
+    """Collected its broker identity (it may collect it again, with its device key)."""
+
+
+class Refusal(StrEnum):
+    """Why a device's enrolment request is refused: the ``reason`` of a 401/403/409."""
+
+    UNKNOWN_CLAIM = "unknown_claim"
+    CLAIM_EXPIRED = "claim_expired"
+    CLAIM_REVOKED = "claim_revoked"
+    CLAIM_USED_UP = "claim_used_up"
+    OUT_OF_SCOPE = "out_of_scope"
+    REJECTED = "rejected"
+    DEVICE_KEY_MISMATCH = "device_key_mismatch"
+    DEVICE_EXISTS = "device_exists"

@@ -15,10 +15,10 @@ from starlette.responses import Response
 
 from common.protocol.enrolment import ENROL_PATH, EnrolmentRequest, EnrolmentStatus
 from control_plane.api import audit
-from control_plane.api.auth import Principal
 from control_plane.api.body import json_body, json_request, read_bounded
 from control_plane.api.deps import OPERATOR, SESSION, VIEWER, Services, field_error, json_response
 from control_plane.db.models import Claim
+from control_plane.db.states import EnrolmentState, Refusal
 from control_plane.enrolment.accounts import make_accounts
 from control_plane.enrolment.admission import Admission
 from control_plane.enrolment.claims import (
@@ -29,9 +29,10 @@ from control_plane.enrolment.claims import (
     list_claims,
 )
 from control_plane.enrolment.dynsec import DynsecError
+from control_plane.enrolment.identity import DevicePasswords
 from control_plane.enrolment.service import Enroller, enrolment_doc
-from control_plane.enrolment.states import EnrolmentState, Refusal
 from control_plane.errors import Invalid, NotFound
+from control_plane.tokens import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["Enrolment"])
 
@@ -59,11 +60,12 @@ def attach(app: FastAPI, svc: Services) -> None:
     settings = svc.settings
     app.state.enroller = Enroller(
         svc.sessions,
-        make_accounts(settings.enrolment.accounts, settings),
+        make_accounts(settings.enrolment.accounts, settings, svc.sessions.kw["bind"]),
         topic_prefix=settings.topic_prefix,
         pending_retry_s=settings.enrolment.pending_retry_s,
         claim_check_cache_s=settings.enrolment.claim_check_cache_s,
         max_batch=settings.enrolment.max_batch_devices,
+        passwords=DevicePasswords(settings.state_dir / "mqtt"),
     )
     e = settings.enrolment
     app.state.enrol_admission = Admission(

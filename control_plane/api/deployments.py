@@ -12,18 +12,17 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import Response
 
-from control_plane.api import audit
-from control_plane.api.auth import Principal
+from control_plane.api import audit, windows
 from control_plane.api.body import json_body, json_request
 from control_plane.api.deps import OPERATOR, SESSION, VIEWER, Services, field_error, json_response
 from control_plane.db.models import Deployment
 from control_plane.db.session import required_utc
-from control_plane.deployments import windows_api
 from control_plane.deployments.reconciler import DeploymentReconciler
 from control_plane.deployments.spec import DeploymentChange, DeploymentSpec, changed
 from control_plane.deployments.view import FleetView, load_view
 from control_plane.errors import Busy, Conflict, Invalid, NotFound
 from control_plane.registry.store import get_version
+from control_plane.tokens import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["Deployments"])
 NEW_DEPLOYMENT = json_body(DeploymentSpec, OPERATOR)
@@ -36,7 +35,7 @@ def attach(app: FastAPI, svc: Services) -> None:
         svc.sessions, svc.engine, tick_s=svc.settings.deployment_tick_s
     )
     app.include_router(router)
-    app.include_router(windows_api.router)
+    app.include_router(windows.router)
 
 
 def reconciler(request: Request) -> DeploymentReconciler:

@@ -8,12 +8,12 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import Response
 
-from control_plane.api.auth import Principal
 from control_plane.api.deps import SESSION, VERSION, VIEWER, Services, json_response, services
 from control_plane.db.models import InputDrift
 from control_plane.db.session import stored_utc
 from control_plane.quality.drift_monitor import FLEET, DriftMonitor
 from control_plane.registry.store import get_version
+from control_plane.tokens import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["Model registry"])
 

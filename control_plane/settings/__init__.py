@@ -1,5 +1,8 @@
 """The control plane's settings: defaults, an optional TOML file, ``EDGEFLEET_CP_*`` variables
-(``__`` for nesting), then command-line flags."""
+(``__`` for nesting), then command-line flags.
+
+A leaf: every area imports its settings from here, and this package imports no area. The
+nested sections are its modules: :mod:`.enrolment`, :mod:`.drift` and :mod:`.kubernetes`."""
 
 from __future__ import annotations
 
@@ -15,9 +18,10 @@ from pydantic_settings import (
 )
 
 from common.settings import settings_from
-from control_plane.enrolment.settings import EnrolmentSettings
-from control_plane.k8s.settings import KubernetesSettings
-from control_plane.quality.settings import DriftSettings
+from common.tracing import TracingSettings
+from control_plane.settings.drift import DriftSettings
+from control_plane.settings.enrolment import EnrolmentSettings
+from control_plane.settings.kubernetes import KubernetesSettings
 
 
 class ControlPlaneSettings(BaseSettings):
@@ -115,17 +119,18 @@ class ControlPlaneSettings(BaseSettings):
     15,000 messages/s, 1 s batches held the control plane at 0.39-0.46 of a core while the
     tables grew, where 0.2 s ones climbed from 0.57 to 0.86. An event or status in the batch
     cuts the wait to ``ingest_max_delay_s``."""
-    telemetry_ack_interval_s: float = Field(default=10.0, gt=0)
+    telemetry_ack_interval_s: float = Field(default=2.0, gt=0)
     """How often each device is told which of its telemetry messages are stored (one message
-    per device with news, ranges of sequence numbers): the device keeps each message until
-    then, so this stays well under its ``fleet.telemetry_resend_s``."""
+    per device with news, ranges of sequence numbers; a device reporting every 10 s gets at
+    most one for each report): the device keeps each message until then, so this stays well
+    under its ``fleet.telemetry_resend_s`` (8 s)."""
     mqtt_broker_inflight: int = Field(default=20, ge=1, le=65535)
     """Unacknowledged QoS 1 messages the broker sends the control plane at once: the Receive
     Maximum it asks for, and Mosquitto also holds it to its ``max_inflight_messages`` (20 by
     default). Device messages are acknowledged only once stored, so a batch is written as soon
     as this many wait: raise both together (1,000 lets one batch carry a second of a large
     fleet's telemetry). The cyclic collector's youngest threshold follows it
-    (``control_plane.api.app.gc_thresholds``)."""
+    (``control_plane.app.gc_thresholds``)."""
     last_seen_resolution_s: float = Field(default=5.0, ge=0)
     """A device's ``last_seen`` in the inventory is rewritten once it has moved this far."""
     presence_timeout_s: float = Field(default=60.0, ge=0)
@@ -148,6 +153,8 @@ class ControlPlaneSettings(BaseSettings):
     """Input drift against each version's reference set (docs/model-quality.md, "Drift")."""
     kubernetes: KubernetesSettings = KubernetesSettings()
     """ModelRollout objects and the agent DaemonSet, when run in a cluster (docs/kubernetes.md)."""
+    tracing: TracingSettings = TracingSettings()
+    """OpenTelemetry spans of API calls over OTLP (off by default; the ``tracing`` extra)."""
 
     @classmethod
     def settings_customise_sources(

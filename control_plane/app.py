@@ -1,4 +1,6 @@
-"""The control plane's FastAPI application."""
+"""The control plane's FastAPI application: the routes of every area (:mod:`control_plane.api`),
+the operator console under ``/ui/``, and the lifespan that runs the long-lived tasks. At the top
+of the control plane, so that no area, and no route module, imports another's routes."""
 
 from __future__ import annotations
 
@@ -17,18 +19,15 @@ from sqlalchemy.exc import DBAPIError
 from starlette.responses import Response
 
 from common import __version__
-from control_plane.api import admin, fleet, models
-from control_plane.api.auth import bootstrap_admin
+from control_plane.api import admin, deployments, drift, enrolment, fleet, models
 from control_plane.api.deps import Services, handle_error, json_response
 from control_plane.console.web import mount as mount_console
-from control_plane.deployments import api as deployments_api
-from control_plane.enrolment import api as enrolment_api
 from control_plane.errors import ControlPlaneError
 from control_plane.ingest import retention
 from control_plane.ingest.ingestor import HELD_PER_MESSAGE
-from control_plane.quality import drift_api
 from control_plane.settings import ControlPlaneSettings
 from control_plane.signing.trust import TrustManager
+from control_plane.tokens import bootstrap_admin
 
 log = logging.getLogger("edgefleet.control_plane")
 
@@ -86,6 +85,9 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
             await svc.sessions.kw["bind"].dispose()
             gc.unfreeze()
             gc.set_threshold(*thresholds)
+            provider = getattr(app.state, "tracer_provider", None)
+            if provider is not None:  # the spans still queued, within the SDK's timeout
+                await asyncio.to_thread(provider.shutdown)
             log.info("control plane stopped")
 
     app = FastAPI(
@@ -100,13 +102,19 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
     app.include_router(models.artifacts)
     app.include_router(fleet.router)
     app.include_router(admin.router)
-    enrolment_api.attach(app, svc)
-    deployments_api.attach(app, svc)
-    drift_api.attach(app, svc)
+    enrolment.attach(app, svc)
+    deployments.attach(app, svc)
+    drift.attach(app, svc)
     app.add_exception_handler(ControlPlaneError, handle_error)
     app.add_exception_handler(RequestValidationError, handle_error)
     app.add_exception_handler(DBAPIError, handle_error)  # 503 while the database is away
     mount_console(app)  # the operator console under /ui/, a client of the routes above
+    if svc.settings.tracing.enabled:
+        # imported here: a control plane that does not trace never loads the SDK
+        from control_plane.api import tracing
+
+        app.state.tracer_provider = tracing.provider(svc.settings.tracing)
+        app.add_middleware(tracing.ApiTracing, provider=app.state.tracer_provider)
 
     @app.get("/health", tags=["Observability"], summary="Database and broker reachability")
     async def health(request: Request) -> Response:
@@ -122,6 +130,8 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
                 "status": "ok" if ok else "degraded",
                 "database": db_ok,
                 "mqtt": svc.bus.connected.is_set(),
+                # replicas: who runs the rollouts, under which fencing epoch
+                "leader": svc.engine.leadership.view(),
             },
             200 if ok else 503,
         )
