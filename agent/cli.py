@@ -119,13 +119,26 @@ def register_models(group: click.Group) -> None:
     @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
     @click.option("--force", is_flag=True, help="Replace models that already exist.")
     @click.option("--only", multiple=True, help="Write only these models (repeatable).")
-    def example(directory: Path, force: bool, only: tuple[str, ...]) -> None:
-        """Write the example model repository (mlp, cnn, cnn_ir, mlp_tflite) to DIRECTORY."""
+    @click.option(
+        "--lm-size",
+        type=click.Choice(["tiny", "bench"]),
+        default="tiny",
+        show_default=True,
+        help="tiny-lm's size: bench is ~26 M parameters (100 MB), for benchmarks.",
+    )
+    def example(directory: Path, force: bool, only: tuple[str, ...], lm_size: str) -> None:
+        """Write the example model repository (mlp, cnn, cnn_ir, mlp_tflite, classifier,
+        digits, tiny-lm) to DIRECTORY."""
         from runtimes.examples import EXAMPLE_MODELS, write_example_repository
+        from runtimes.examples.tiny_lm import LmSize
 
         try:
             write_example_repository(
-                directory, models=only or EXAMPLE_MODELS, overwrite=force, log=click.echo
+                directory,
+                models=only or EXAMPLE_MODELS,
+                overwrite=force,
+                lm_size=LmSize(lm_size),
+                log=click.echo,
             )
         except FileExistsError as exc:
             raise click.ClickException(str(exc)) from exc
@@ -151,6 +164,22 @@ def register_models(group: click.Group) -> None:
     del example, selftest
 
 
+def _grpc_flags(port: int | None, uds: Path | None, off: bool) -> dict[str, object] | None:
+    """The ``[grpc]`` settings the flags give, merged over the file's and the environment's."""
+    if off:
+        if port is not None or uds is not None:
+            raise click.UsageError("--no-grpc with --grpc-port or --grpc-uds: choose one")
+        return {"enabled": False}
+    if port is None and uds is None:
+        return None
+    flags: dict[str, object] = {"enabled": True}
+    if port is not None:
+        flags["port"] = port
+    if uds is not None:
+        flags["uds"] = uds
+    return flags
+
+
 def register_agent(group: click.Group) -> None:
     @group.command()
     @click.option(
@@ -163,6 +192,17 @@ def register_agent(group: click.Group) -> None:
     @click.option(
         "--uds", type=click.Path(dir_okay=False, path_type=Path), help="Listen on a Unix socket."
     )
+    @click.option(
+        "--grpc-port",
+        type=click.IntRange(0, 65535),
+        help="Serve KServe V2 / Triton gRPC on this TCP port too (8001 is Triton's; 0 picks one).",
+    )
+    @click.option(
+        "--grpc-uds",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Serve gRPC on this Unix socket (clients: unix:PATH); its directory is made.",
+    )
+    @click.option("--no-grpc", is_flag=True, help="No gRPC, whatever the settings say.")
     @click.option("--profile", help="Hardware profile name, or auto (default).")
     @click.option(
         "--config",
@@ -176,11 +216,16 @@ def register_agent(group: click.Group) -> None:
         host: str | None,
         port: int | None,
         uds: Path | None,
+        grpc_port: int | None,
+        grpc_uds: Path | None,
+        no_grpc: bool,
         profile: str | None,
         config_file: Path | None,
         log_level: str | None,
     ) -> None:
-        """Serve the models of a repository on a local REST endpoint (KServe V2, TF Serving)."""
+        """Serve the models of a repository on a local REST endpoint (KServe V2, TF Serving;
+        OpenAI-compatible for generative models), and over gRPC with --grpc-port or
+        --grpc-uds."""
         from pydantic import ValidationError
 
         from agent.main import run
@@ -193,6 +238,7 @@ def register_agent(group: click.Group) -> None:
                 host=host,
                 port=port,
                 uds=uds,
+                grpc=_grpc_flags(grpc_port, grpc_uds, no_grpc),
                 profile=profile,
                 log_level=log_level,
             )

@@ -1,13 +1,18 @@
 """Errors of the agent's inference service (transport-free).
 
-Each class has a stable ``code``; ``agent/api/errors.py`` maps classes to HTTP statuses and the
-fleet client reuses the codes in MQTT status reports. Errors from :mod:`runtimes` (bad inputs,
+Each class has a stable ``code``; each front end maps classes to its statuses in one table
+(``agent/api/errors.py`` HTTP, ``agent/grpc/status.py`` gRPC), :mod:`agent.serving.errors`
+tells them which errors turn a request away, and the fleet client reuses the codes in MQTT
+status reports. Errors from :mod:`runtimes` (bad inputs,
 model files, devices) pass through unchanged and are mapped the same way::
 
     AgentError                      code
     +-- ModelNotFoundError          model_not_found      unknown model or version
     +-- ModelNotReadyError          model_not_ready      known, but loading, failed or unloading
     +-- RequestError                invalid_request      a malformed request body or parameter
+    |   +-- BadJsonError            invalid_request      the body (or its JSON part) is not JSON
+    |   +-- NullValueError          invalid_request      null where a tensor's value belongs
+    |   +-- ContextLengthError      context_length_exceeded  prompt + max_tokens over the window
     +-- PayloadTooLargeError        payload_too_large    body over max_request_bytes
     +-- UnauthorizedError           unauthorized         missing or unknown API key
     +-- RateLimitedError            rate_limited         over the client's rate; retry_after_s
@@ -42,6 +47,22 @@ class RequestError(AgentError):
     """The request is malformed; ``field`` names the offending part (``inputs[0].shape``)."""
 
     code = "invalid_request"
+
+
+class BadJsonError(RequestError):
+    """The body, or its JSON part, is not JSON: a refusal counted apart from other malformed
+    requests (``edgefleet_requests_refused_total{reason="bad_json"}``)."""
+
+
+class NullValueError(RequestError):
+    """null where a tensor's value belongs (a client's NaN, often): counted apart
+    (``reason="null_value"``)."""
+
+
+class ContextLengthError(RequestError):
+    """A generative request's prompt plus ``max_tokens`` is over the model's context window."""
+
+    code = "context_length_exceeded"
 
 
 class PayloadTooLargeError(AgentError):

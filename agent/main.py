@@ -6,27 +6,38 @@ import logging
 import os
 import socket
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
+from fastapi import APIRouter
+from starlette.responses import Response
 
 from agent.accelerators import AcceleratorProbe
 from agent.api.app import create_app
-from agent.api.http_limits import HttpLimits, default_body_budget_bytes
-from agent.api.http_protocol import protocol_class
-from agent.api.state import ApiState
+from agent.http.limits import HttpLimits, default_body_budget_bytes
+from agent.http.protocol import protocol_class
 from agent.inference.manager import ModelManager
+from agent.inference.payload_log import PayloadLog
 from agent.inference.service import InferenceService
 from agent.inference.sketches import InputSketchBook
 from agent.inference.versions import RuntimeFactory
 from agent.metrics import AgentMetrics
+from agent.serving.state import ServingState
 from agent.settings import AgentSettings, SettingsError
 from agent.shm.regions import SharedMemoryRegistry
 from agent.systemd import SystemdNotifier
+from agent.tracing import Tracing
 from common.logs import configure_logging
 from common.server import GracefulServer
 from runtimes.backends import open_model
+from runtimes.formats import is_generative
 from runtimes.hardware.context import HardwareContext
+
+if TYPE_CHECKING:
+    from agent.fleet.client import FleetClient
+    from agent.generative.models import GenerativeModels
 
 log = logging.getLogger("edgefleet.agent")
 
@@ -35,7 +46,7 @@ def build_state(
     settings: AgentSettings,
     hardware: HardwareContext | None = None,
     runtime_factory: RuntimeFactory = open_model,
-) -> ApiState:
+) -> ServingState:
     """Wire the agent. ``runtime_factory`` is the seam tests use to wrap runtimes."""
     hardware = hardware or HardwareContext.detect(
         root=settings.hardware_root, profiles_dir=settings.profiles_dir, profile=settings.profile
@@ -56,21 +67,107 @@ def build_state(
     sketching = settings.fleet.enabled and settings.fleet.input_sketches.enabled
     sketches = InputSketchBook(settings.fleet.input_sketches) if sketching else None
     service = InferenceService(
-        manager, metrics, max_rows_per_request=settings.max_rows_per_request, sketches=sketches
+        manager,
+        metrics,
+        max_rows_per_request=settings.max_rows_per_request,
+        sketches=sketches,
+        payloads=build_payload_log(settings, metrics),
     )
     log.info(
         "hardware profile", extra={"profile": hardware.profile.name, "forced": hardware.forced}
     )
-    fleet = None
-    if settings.fleet.enabled:
-        # imported here: a local-only agent never loads MQTT and signature code
-        from agent.fleet.client import FleetClient
 
-        fleet = FleetClient(
-            settings.fleet, manager, hardware, accelerators, metrics, sketches=sketches
+    def make_generative() -> GenerativeModels:
+        # imported here: an agent without generative models never loads the token loop
+        from agent.generative.models import GenerativeModels
+
+        return GenerativeModels(
+            settings.model_repository,
+            hardware,
+            settings.runtime,
+            settings.generative,
+            registry=metrics.registry,
+            runtime_factory=runtime_factory,
         )
-    shared_memory = SharedMemoryRegistry(settings.shared_memory)
-    return ApiState(service, manager, metrics, settings, fleet, shared_memory=shared_memory)
+
+    generative = None
+    if any(is_generative(p) for p in _model_dirs(settings.model_repository)):
+        generative = make_generative()
+    state = ServingState(
+        service,
+        manager,
+        metrics,
+        settings,
+        shared_memory=SharedMemoryRegistry(settings.shared_memory),
+        generative=generative,
+        tracing=build_tracing(settings),
+    )
+    if settings.fleet.enabled:
+        state.fleet = _fleet_client(state, hardware, accelerators, sketches, make_generative)
+    return state
+
+
+def _fleet_client(
+    state: ServingState,
+    hardware: HardwareContext,
+    accelerators: AcceleratorProbe,
+    sketches: InputSketchBook | None,
+    make_generative: Callable[[], GenerativeModels],
+) -> FleetClient:
+    """The fleet client of ``state``'s agent; it stages generative versions into
+    ``state.generative``, built on the first one where the repository held none."""
+    # imported here: a local-only agent never loads MQTT and signature code
+    from agent.fleet.client import FleetClient
+    from agent.fleet.stagers import GenerativeStager
+
+    def first_generative() -> GenerativeModels:
+        # the front ends (mounted for a fleet agent) find the models from now on
+        state.generative = make_generative()
+        return state.generative
+
+    return FleetClient(
+        state.settings.fleet,
+        state.manager,
+        hardware,
+        accelerators,
+        state.metrics,
+        sketches=sketches,
+        generative=GenerativeStager(state.generative, first_generative),
+    )
+
+
+def _model_dirs(repository: Path) -> list[Path]:
+    try:
+        return [p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    except OSError:
+        return []
+
+
+def build_payload_log(settings: AgentSettings, metrics: AgentMetrics) -> PayloadLog | None:
+    """The payload log's writer where ``[payload_log]`` names a file or a URL."""
+    sink = settings.payload_log
+    if sink.path is None and sink.url is None:
+        return None
+    return PayloadLog(
+        sink.path,
+        sink.url,
+        max_file_bytes=sink.max_file_bytes,
+        queue_records=sink.queue_records,
+        on_drop=metrics.payload_dropped.inc,
+    )
+
+
+def build_tracing(settings: AgentSettings) -> Tracing | None:
+    """OpenTelemetry's tracer where ``[tracing] enabled``; the SDK is imported only then."""
+    if not settings.tracing.enabled:
+        return None
+    try:
+        return Tracing(settings.tracing)
+    except ImportError as exc:
+        raise SettingsError(
+            f"tracing.enabled needs the OpenTelemetry SDK and its OTLP exporter ({exc.name} "
+            "is missing): pip install 'edgefleet[tracing]'"
+        ) from None
 
 
 _HOW_TO_SET = "--model-repository DIR or EDGEFLEET_AGENT_MODEL_REPOSITORY"
@@ -129,6 +226,29 @@ def check_repository(settings: AgentSettings) -> None:
         )
 
 
+def make_socket_directories(settings: AgentSettings) -> None:
+    """Make the directory of each Unix socket the agent listens on (mode 0750) if it is
+    missing, before anything starts: gRPC's core aborts the whole process (SIGABRT) on a
+    socket path whose directory does not exist.
+
+    Raises:
+        SettingsError: a directory cannot be made, naming the setting.
+    """
+    for setting, path in (("uds", settings.uds), ("grpc.uds", settings.grpc.uds)):
+        if path is None or (setting == "grpc.uds" and not settings.grpc.enabled):
+            continue
+        directory = Path(path).parent
+        try:
+            directory.mkdir(mode=0o750, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SettingsError(
+                f"{setting}: cannot make the directory of socket {path} ({exc.strerror}); make "
+                "it, or choose a path in a directory the agent may write"
+            ) from None
+        if not directory.is_dir():
+            raise SettingsError(f"{setting}: {directory} is not a directory")
+
+
 def bind_socket(settings: AgentSettings) -> socket.socket:
     """Bind before serving, so the Unix socket gets its permissions before anyone connects
     and a port of 0 is known to the caller."""
@@ -153,11 +273,19 @@ def bind_socket(settings: AgentSettings) -> socket.socket:
     return sock
 
 
-def server_config(settings: AgentSettings, state: ApiState) -> uvicorn.Config:
+def server_config(settings: AgentSettings, state: ServingState) -> uvicorn.Config:
     body_budget = settings.max_inflight_body_bytes or default_body_budget_bytes(
         state.manager.hardware.memory_budget_bytes, settings.max_request_bytes
     )
-    app = create_app(state)
+    routers: tuple[APIRouter, ...] = ()
+    answers: tuple[tuple[frozenset[str], Callable[[Exception], Response]], ...] = ()
+    if state.serves_generative:
+        # imported here: an agent without generative models never loads the front end
+        from agent.openai.errors import OPENAI_PATHS, openai_error_response
+        from agent.openai.routes import router as openai_router
+
+        routers, answers = (openai_router,), ((OPENAI_PATHS, openai_error_response),)
+    app = create_app(state, routers, answers)
     if settings.grpc.enabled and state.shared_memory is not None:
         # imported here: an agent without gRPC never loads grpcio
         from agent.grpc.server import GrpcServer, WithGrpc
@@ -180,7 +308,7 @@ def server_config(settings: AgentSettings, state: ApiState) -> uvicorn.Config:
             state.metrics.count_refusal,
         ),
         lifespan="on",
-        ws="none",  # no WebSocket routes: an upgrade is refused by the protocol (http_protocol)
+        ws="none",  # no WebSocket routes: an upgrade is refused by the protocol (agent.http)
         log_config=None,
         access_log=False,
         # uvicorn types both as int but hands them to call_later and asyncio.timeout, which
@@ -197,7 +325,13 @@ def server_config(settings: AgentSettings, state: ApiState) -> uvicorn.Config:
 
 def run(settings: AgentSettings) -> None:
     configure_logging(settings.log_level)
+    if settings.grpc.enabled:
+        # read by gRPC core when grpcio loads, in server_config: set before
+        from agent.grpc.core_environment import core_environment
+
+        os.environ.update(core_environment(settings.grpc))
     check_repository(settings)
+    make_socket_directories(settings)
     state = build_state(settings)
     sock = bind_socket(settings)
     where = str(settings.uds) if settings.uds else "http://{}:{}".format(*sock.getsockname()[:2])

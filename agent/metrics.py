@@ -21,11 +21,11 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from agent.accelerators import AcceleratorProbe
-from agent.inference.batcher import BatchObserver
-from agent.inference.stats import VersionStats
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # what the agent serves reports here; metrics import none of it to run
+    from agent.inference.batcher import BatchObserver
     from agent.inference.manager import ModelManager
+    from agent.inference.stats import VersionStats
 
 LATENCY_BUCKETS_S = (
     0.0005,
@@ -218,6 +218,11 @@ class AgentMetrics:
             ["topic", "code"],
             registry=r,
         )
+        self.payload_dropped = Counter(
+            "edgefleet_payload_records_dropped",
+            "Payload log records dropped: a full queue or a failing sink",
+            registry=r,
+        )
         self._hourly_cost = hourly_cost
         self._accelerators = accelerators
         self._started = time.monotonic()
@@ -237,9 +242,9 @@ class AgentMetrics:
             self.batch_size.child(model, version),
         )
 
-        def observe(rows: int, compute_s: float) -> None:
+        def observe(rows: int, compute_s: float, input_s: float, output_s: float) -> None:
             self._total_rows += rows
-            stats.record_batch(rows, compute_s)
+            stats.record_batch(rows, compute_s, input_s, output_s)
             rows_c.inc(rows)
             batches_c.inc()
             size_h.observe(rows)
@@ -352,6 +357,11 @@ class AgentMetrics:
                 "(device_hourly_cost x uptime / rows)",
                 value=self._hourly_cost * hours / self._total_rows * 1000,
             )
+
+    @property
+    def hourly_cost(self) -> float | None:
+        """The device's cost per hour (``device_hourly_cost``), None when not set."""
+        return self._hourly_cost
 
 
 class _StateCollector(Collector):

@@ -1,13 +1,20 @@
 """The agent's settings: defaults, then an optional TOML file, then ``EDGEFLEET_AGENT_*``
-environment variables (``__`` for nesting), then command-line flags."""
+environment variables (``__`` for nesting), then command-line flags.
+
+The front ends' settings are here, REST's in the root and gRPC's as its ``[grpc]`` section:
+the front ends read the root (through :class:`agent.serving.state.ServingState`), so their
+sections cannot live in their own packages without an import cycle. The areas below them keep
+theirs (``agent/fleet/settings.py``, ``agent/pipelines/settings.py``, ``agent/shm/settings.py``,
+``runtimes/settings.py``), since they never import this module."""
 
 from __future__ import annotations
 
 import ipaddress
+from enum import StrEnum
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -16,16 +23,82 @@ from pydantic_settings import (
 )
 
 from agent.fleet.settings import FleetSettings
-from agent.grpc.settings import GrpcSettings
+from agent.generative.settings import GenerativeSettings
 from agent.pipelines.settings import PipelineSettings
 from agent.shm.settings import SharedMemorySettings
 from common.settings import settings_from
+from common.tracing import TracingSettings
 from runtimes.settings import RuntimeSettings
 
 
 class SettingsError(Exception):
     """A setting that validates but that the agent cannot start with (a model repository that
     does not exist); the message names the setting and how to set it."""
+
+
+class GrpcCoreLog(StrEnum):
+    """What gRPC core itself writes on stderr (``GRPC_VERBOSITY``), in absl's text format."""
+
+    NONE = "none"
+    """Nothing: every line of the agent's log stays one JSON object."""
+    ERROR = "error"
+    INFO = "info"
+    """Also what ``GRPC_TRACE`` turns on."""
+    DEBUG = "debug"
+
+
+class GrpcSettings(BaseModel):
+    """The gRPC endpoint's settings (``[grpc]``, ``EDGEFLEET_AGENT_GRPC__*``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    enabled: bool = False
+    """Serve KServe V2 / Triton gRPC beside REST. Off by default: one more open port is a
+    choice to make."""
+    host: str = "127.0.0.1"
+    """Address to listen on; loopback by default, as REST (beyond loopback needs API keys,
+    as REST)."""
+    port: int | None = Field(default=8001, ge=0, le=65535)
+    """TCP port (Triton's gRPC port by default); 0 picks a free one; ``"none"`` (or an empty
+    ``EDGEFLEET_AGENT_GRPC__PORT``) serves only ``uds``."""
+    uds: Path | None = None
+    """Also listen on this Unix socket (``unix:<path>`` for clients): no TCP stack between a
+    local app and the agent."""
+    uds_mode: int = 0o660
+    """File permissions of the Unix socket."""
+    max_receive_message_bytes: int = Field(default=64 * 2**20, gt=0)
+    """Largest request message; larger ones get RESOURCE_EXHAUSTED before they are parsed."""
+    max_send_message_bytes: int = Field(default=256 * 2**20, gt=0)
+    """Largest response message."""
+    shutdown_grace_s: float = Field(default=5.0, ge=0)
+    """On shutdown, how long RPCs in flight may take to finish before they are cancelled."""
+    core_log: GrpcCoreLog = GrpcCoreLog.NONE
+    """gRPC core's own lines on stderr, for debugging it: not JSON. The agent logs the calls
+    it refuses or fails itself, as JSON."""
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _none(cls, value: Any) -> Any:
+        # TOML and environment variables have no null: "none" or "" stands for it
+        if isinstance(value, str) and value.strip().lower() in ("", "none"):
+            return None
+        return value
+
+
+class PayloadLogSettings(BaseModel):
+    """Where payload records go (``[payload_log]``), for the models whose config enables them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    path: Path | None = None
+    """A JSON-lines file; at ``max_file_bytes`` it becomes ``<path>.1`` (one kept)."""
+    url: str | None = None
+    """An HTTP sink: records POSTed as a JSON array, up to 100 at a time, at least every
+    second."""
+    max_file_bytes: int = Field(default=64 * 2**20, gt=0)
+    queue_records: int = Field(default=1024, gt=0)
+    """Records waiting to be written; beyond this they are dropped (and counted), so a slow
+    sink never slows a request."""
 
 
 class AgentSettings(BaseSettings):
@@ -132,6 +205,13 @@ class AgentSettings(BaseSettings):
     """Triton's system shared memory extension: limits and who may register regions."""
     pipelines: PipelineSettings = PipelineSettings()
     """Models' processing steps: image limits, step timeouts, Python steps (off by default)."""
+    generative: GenerativeSettings = GenerativeSettings()
+    """Generative models (the OpenAI-compatible front end): sequences at once, the KV-cache
+    budget, the wait queue, prefill chunks."""
+    tracing: TracingSettings = TracingSettings()
+    """OpenTelemetry traces of requests over OTLP (off by default)."""
+    payload_log: PayloadLogSettings = PayloadLogSettings()
+    """Where the payload records of models with ``[payload_log] enabled`` go."""
 
     @model_validator(mode="after")
     def _exposed_needs_a_key(self) -> AgentSettings:

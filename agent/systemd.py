@@ -24,7 +24,7 @@ import socket
 import time
 from collections.abc import MutableMapping
 
-from agent.api.state import ApiState
+from agent.serving.state import ServingState
 
 log = logging.getLogger("edgefleet.agent")
 
@@ -42,7 +42,7 @@ def notify_address(value: str) -> str | None:
 class SystemdNotifier:
     """Sends state changes to the service manager over its notify socket."""
 
-    def __init__(self, address: str, state: ApiState, watchdog_usec: int | None = None) -> None:
+    def __init__(self, address: str, state: ServingState, watchdog_usec: int | None = None) -> None:
         self.address = address
         self.state = state
         self.watchdog_interval_s = watchdog_usec / 2e6 if watchdog_usec else None
@@ -55,7 +55,7 @@ class SystemdNotifier:
 
     @classmethod
     def from_environment(
-        cls, environ: MutableMapping[str, str], state: ApiState
+        cls, environ: MutableMapping[str, str], state: ServingState
     ) -> SystemdNotifier | None:
         """A notifier when the process runs under a ``Type=notify`` unit, else None.
 

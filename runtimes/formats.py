@@ -21,6 +21,23 @@ _SUFFIXES = {
 }
 
 
+GENAI_CONFIG = "genai_config.json"
+"""Marks a version directory as a generative model's (an ONNX Runtime GenAI folder)."""
+GENAI_FORMAT = "genai"
+"""The format of a fleet artifact that is a whole generative folder (config, decoder,
+tokenizer): not a :class:`ModelFormat`, as no batch runtime reads it; the token loop does."""
+
+
+def is_generative(model_dir: Path) -> bool:
+    """Whether a model directory is a generative model's: a version of it holds
+    :data:`GENAI_CONFIG`. Such a model is served by the token loop (``agent/generative``),
+    not by the batcher."""
+    try:
+        return any((v / GENAI_CONFIG).is_file() for v in model_dir.iterdir() if v.is_dir())
+    except OSError:
+        return False
+
+
 def format_of(path: Path) -> ModelFormat | None:
     """The format a file's suffix names, or None if it is not a model file."""
     return _SUFFIXES.get(path.suffix.lower())

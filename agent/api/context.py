@@ -12,9 +12,12 @@ import random
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:  # the OpenTelemetry SDK is imported only where tracing is on
+    from agent.tracing import RequestSpan, Tracing
 
 log = logging.getLogger("edgefleet.agent.access")
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
@@ -28,10 +31,13 @@ class Context:
     trace_id: str
     headers: list[tuple[bytes, bytes]]
     """What every response of the request carries: ``x-request-id`` and ``traceparent``."""
+    span: RequestSpan | None = None
+    """The request's OpenTelemetry span, where tracing is on."""
 
 
-def begin(scope: Scope) -> Context:
-    """The request's id and trace context, also left in ``scope["state"]`` for its handler."""
+def begin(scope: Scope, tracing: Tracing | None = None) -> Context:
+    """The request's id and trace context, also left in ``scope["state"]`` for its handler;
+    with ``tracing``, its server span (whose id the response's ``traceparent`` names)."""
     started = time.monotonic()
     request_id = traceparent_in = ""
     for name, value in scope["headers"]:
@@ -42,25 +48,34 @@ def begin(scope: Scope) -> Context:
     if not (request_id and _REQUEST_ID.match(request_id)):
         request_id = f"{random.getrandbits(128):032x}"
     match = _TRACEPARENT.match(traceparent_in) if traceparent_in else None
-    # We are a new span in the caller's trace (or the root of a new one).
-    trace_id = match.group(1) if match else f"{random.getrandbits(128):032x}"
-    flags = match.group(3) if match else "01"
-    # W3C trace ids need to be unique, not secret: the fast generator, not os.urandom
-    traceparent = f"00-{trace_id}-{random.getrandbits(64):016x}-{flags}"
+    span = None
+    if tracing is not None:
+        method, path = scope["method"], scope["path"]
+        attributes = {"http.request.method": method, "url.path": path}
+        span = tracing.start(f"{method} {path}", traceparent_in if match else None, attributes)
+        trace_id, traceparent = span.trace_id, span.traceparent
+    else:
+        # We are a new span in the caller's trace (or the root of a new one).
+        trace_id = match.group(1) if match else f"{random.getrandbits(128):032x}"
+        flags = match.group(3) if match else "01"
+        # W3C trace ids need to be unique, not secret: the fast generator, not os.urandom
+        traceparent = f"00-{trace_id}-{random.getrandbits(64):016x}-{flags}"
     state: dict[str, Any] = scope.setdefault("state", {})
     state.update(
         request_id=request_id, trace_id=trace_id, parent_span=match.group(2) if match else None
     )
     headers = [(b"x-request-id", request_id.encode()), (b"traceparent", traceparent.encode())]
-    return Context(started, request_id, trace_id, headers)
+    return Context(started, request_id, trace_id, headers, span)
 
 
 def finish(scope: Scope, context: Context, status: int, *, access_log: bool) -> None:
     """The access log line. Failures are logged even without the access log, but not 503s:
     under overload a line per refused request would spend the time the refusal saved."""
+    state = scope["state"]
+    if context.span is not None:
+        _end_span(context.span, state, context.request_id, status)
     if not access_log and (status < 500 or status == 503):
         return
-    state = scope["state"]
     log.log(
         logging.WARNING if status >= 500 else logging.INFO,
         "request",
@@ -79,16 +94,26 @@ def finish(scope: Scope, context: Context, status: int, *, access_log: bool) -> 
     )
 
 
+def _end_span(span: RequestSpan, state: dict[str, Any], request_id: str, status: int) -> None:
+    model = state.get("model")
+    if model is not None:  # routed to a model: what it ran on, and the batcher's times
+        version = state.get("version")
+        span.served(model, str(version), state.get("placement"), state.get("timing"))
+    attributes = {"http.response.status_code": status, "edgefleet.request_id": request_id}
+    span.end(attributes, error=str(status) if status >= 500 else None)
+
+
 class RequestContext:
-    def __init__(self, app: ASGIApp, *, access_log: bool) -> None:
+    def __init__(self, app: ASGIApp, *, access_log: bool, tracing: Tracing | None = None) -> None:
         self.app = app
         self.access_log = access_log
+        self.tracing = tracing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        context = begin(scope)
+        context = begin(scope, self.tracing)
         status = 500
 
         async def send_with_context(message: Message) -> None:

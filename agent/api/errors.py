@@ -2,7 +2,9 @@
 
 The body is the V2 / TF Serving error shape, ``{"error": "<message>"}``, which unmodified
 clients (tritonclient, TF Serving clients) read, plus a stable machine-readable ``code``. An
-error that turns a request away is also counted by its reason (:func:`count_refusal`).
+error that turns a request away is also counted by its reason (:func:`count_refusal`); which
+errors are the domain's, their codes and the refusal reasons are every front end's
+(:mod:`agent.serving.errors`).
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from agent import errors as agent_errors
-from agent.api.http_connection import REFUSED_KEY
-from agent.api.v2_codec import BadJsonError, NullValueError
-from agent.metrics import RefusalReason
+from agent.http.connection import REFUSED_KEY
 from agent.pipelines import errors as pipeline_errors
+from agent.serving.errors import answer_headers, error_code, refusal_reason
+from agent.serving.failures import FailureLog
 from common.model_config import ModelConfigError
 from runtimes import errors as runtime_errors
 
@@ -28,6 +30,7 @@ log = logging.getLogger("edgefleet.agent.api")
 STATUS: tuple[tuple[type[Exception], int], ...] = (
     (pipeline_errors.StepInputError, 400),
     (pipeline_errors.ImageTooLargeError, 413),
+    (pipeline_errors.DecodeBusyError, 503),
     (pipeline_errors.StepFailedError, 422),
     (pipeline_errors.StepCrashedError, 502),
     (pipeline_errors.StepTimeoutError, 504),
@@ -51,43 +54,15 @@ STATUS: tuple[tuple[type[Exception], int], ...] = (
 )
 
 
-HANDLED = (
-    agent_errors.AgentError,
-    runtime_errors.RuntimeFailure,
-    ModelConfigError,
-    pipeline_errors.StepError,
-)
-
-# The errors that turn a request away before any inference runs, most specific first. Not
-# refusals: a failure once queued (a deadline, the runtime's own), a load that failed, a
-# client gone.
-REFUSALS: tuple[tuple[type[Exception], RefusalReason], ...] = (
-    (BadJsonError, RefusalReason.BAD_JSON),
-    (NullValueError, RefusalReason.NULL_VALUE),
-    (agent_errors.RequestError, RefusalReason.INVALID_REQUEST),
-    (runtime_errors.InvalidInputError, RefusalReason.INVALID_REQUEST),
-    (pipeline_errors.StepInputError, RefusalReason.INVALID_REQUEST),
-    (pipeline_errors.ImageTooLargeError, RefusalReason.INVALID_REQUEST),
-    (agent_errors.PayloadTooLargeError, RefusalReason.MAX_REQUEST_BYTES),
-    (agent_errors.UnauthorizedError, RefusalReason.UNAUTHORIZED),
-    (agent_errors.RateLimitedError, RefusalReason.RATE_LIMITED),
-    (agent_errors.ModelNotFoundError, RefusalReason.MODEL_NOT_FOUND),
-    (agent_errors.ModelNotReadyError, RefusalReason.MODEL_NOT_READY),
-    (agent_errors.OverloadedError, RefusalReason.QUEUE_FULL),
-    (agent_errors.ShuttingDownError, RefusalReason.SHUTTING_DOWN),
-)
-
-
 def count_refusal(scope: Scope, exc: Exception) -> None:
     """Count ``exc``, about to be answered, if it turns the request away; the counter is the
     one the agent's HTTP protocol left in the scope (none under another server)."""
     count = scope.get(REFUSED_KEY)
     if count is None:
         return
-    for cls, reason in REFUSALS:
-        if isinstance(exc, cls):
-            count(reason)
-            return
+    reason = refusal_reason(exc)
+    if reason is not None:
+        count(reason)
 
 
 def status_of(exc: Exception) -> int:
@@ -100,16 +75,9 @@ def status_of(exc: Exception) -> int:
 def error_parts(exc: Exception) -> tuple[int, dict[str, str], bytes]:
     """The status, headers (besides the content type, JSON) and body that answer ``exc``."""
     status = status_of(exc)
-    code = getattr(exc, "code", "internal")
+    code = error_code(exc)
     message = str(exc) if status != 500 or code != "internal" else "internal error"
-    headers: dict[str, str] = {}
-    retry_after = getattr(exc, "retry_after_s", None)
-    if retry_after is not None:
-        headers["Retry-After"] = str(retry_after)
-    elif status == 503:
-        headers["Retry-After"] = "1"
-    if status == 401:
-        headers["WWW-Authenticate"] = 'Bearer realm="edgefleet"'
+    headers = answer_headers(exc, status)
     return status, headers, orjson.dumps({"error": message, "code": code})
 
 
@@ -118,10 +86,14 @@ def error_response(exc: Exception) -> Response:
     return Response(body, status_code=status, headers=headers, media_type="application/json")
 
 
+FAILURES = FailureLog(log)
+
+
 def log_if_failed(path: str, exc: Exception) -> None:
-    """A bug (an error that answers 500) is logged with its traceback."""
+    """An error answered 500 is logged: one line, with its traceback only if it is a bug
+    (:mod:`agent.serving.failures`)."""
     if status_of(exc) == 500:
-        log.error("request failed", exc_info=exc, extra={"path": path})
+        FAILURES.failed("request failed", exc, path=path)
 
 
 async def handle_error(request: Request, exc: Exception) -> Response:

@@ -9,7 +9,7 @@ context (:func:`agent.api.context.begin`, the access log) and admission
 (:meth:`agent.api.admission.Admission.check`: API keys, rate limit) are called here in turn
 rather than as middleware layers each wrapping ``send``, errors are answered as
 :mod:`agent.api.errors` answers every route's, and the response is written by
-:func:`agent.api.http_answers.respond` rather than as two ASGI messages. It is still
+:func:`agent.http.answers.respond` rather than as two ASGI messages. It is still
 documented by the FastAPI route that declares it. It skips FastAPI's outer middleware (server
 errors, its own body limit: the handler enforces ``max_request_bytes`` itself).
 """
@@ -25,12 +25,12 @@ from agent.api import v2
 from agent.api.admission import Admission
 from agent.api.context import Context, begin, finish
 from agent.api.errors import count_refusal, error_parts, log_if_failed
-from agent.api.http_answers import respond, respond_when_drained
-from agent.api.http_connection import CONNECTION_KEY, Connection, DirectApp
-from agent.api.state import ApiState
-from agent.api.transport import decoded_body
 from agent.errors import AgentError, ShuttingDownError
+from agent.http.answers import respond, respond_when_drained
+from agent.http.connection import CONNECTION_KEY, Connection, DirectApp
+from agent.http.transport import decoded_body
 from agent.inference.service import InferResponse
+from agent.serving.state import ServingState
 
 _ROUTE_KEY = "edgefleet.infer_route"
 """Scope key of the (model, version) :meth:`InferFastPath.takes` found."""
@@ -71,7 +71,7 @@ class InferFastPath:
     (the request context and admission middleware around FastAPI)."""
 
     def __init__(
-        self, app: ASGIApp, state: ApiState, admission: Admission, *, access_log: bool
+        self, app: ASGIApp, state: ServingState, admission: Admission, *, access_log: bool
     ) -> None:
         self.app = app
         self.state = state
@@ -89,7 +89,7 @@ class InferFastPath:
         if route is None:
             await self.app(scope, receive, send)
             return
-        context = begin(scope)
+        context = begin(scope, self.state.tracing)
         status = 500
         try:
             try:
@@ -122,7 +122,7 @@ class InferFastPath:
 
     def takes(self, scope: Scope) -> bool:
         """Whether :meth:`start` answers this request once its body is complete, without an
-        ASGI task (:class:`agent.api.http_protocol.BoundedHttpProtocol` asks)."""
+        ASGI task (:class:`agent.http.protocol.BoundedHttpProtocol` asks)."""
         route = infer_route(scope["path"]) if scope["method"] == "POST" else None
         if route is None:
             return False
@@ -145,7 +145,7 @@ class InferFastPath:
         cores the sessions lose, is what sets the rate there). The answer's future joins
         ``tasks`` (uvicorn's), so that a shutdown waits for it as for a task and cancels it
         at the end of the grace period."""
-        context = begin(scope)
+        context = begin(scope, self.state.tracing)
         route: tuple[str, str | None] = scope[_ROUTE_KEY]  # takes() found it
         try:  # admitted by takes()
             headers = dict(scope["headers"])

@@ -7,16 +7,16 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
-from agent.api.state import ApiState
-from agent.api.transport import json_response, read_body
 from agent.errors import RequestError
+from agent.http.transport import json_response, read_body
+from agent.serving.state import ServingState
 
 router = APIRouter(tags=["Model repository"])
 _SMALL_BODY = 64 * 1024
 
 
-def _state(request: Request) -> ApiState:
-    state: ApiState = request.app.state.api
+def _state(request: Request) -> ServingState:
+    state: ServingState = request.app.state.api
     return state
 
 
@@ -42,7 +42,10 @@ async def repository_index(request: Request) -> Response:
     only_ready = doc.get("ready", False)
     if not isinstance(only_ready, bool):
         raise RequestError("ready: must be true or false", field="ready")
-    rows = _state(request).manager.index()
+    state = _state(request)
+    rows = state.manager.index()
+    if state.generative is not None:
+        rows = sorted([*rows, *state.generative.index()], key=lambda r: (r["name"], r["version"]))
     if only_ready:
         rows = [r for r in rows if r["state"] == "READY"]
     return json_response(rows)
@@ -60,7 +63,13 @@ async def load_model(request: Request, model_name: str) -> Response:
             "place them in the repository",
             field="parameters",
         )
-    entry = await _state(request).manager.load(model_name)
+    state = _state(request)
+    if state.generative is not None and model_name in state.generative.names():
+        # a generative model: its newest version is warmed, then takes new sequences while
+        # those in flight finish on the old one
+        loaded = await state.generative.load(model_name)
+        return json_response({"name": model_name, "versions": [str(loaded.version)]})
+    entry = await state.manager.load(model_name)
     return json_response({"name": model_name, "versions": [str(v) for v in sorted(entry.served)]})
 
 

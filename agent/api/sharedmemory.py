@@ -1,4 +1,5 @@
-"""Triton's system shared memory extension over REST: register, unregister, status.
+"""Triton's system shared memory extension over REST: register, unregister, status; and its
+CUDA shared memory routes, answered as a Triton without a GPU answers them.
 
 NOTE: spec: https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_shared_memory.md
 Errors are the V2 ``{"error": ...}`` body with 400, as Triton answers them; regions registered
@@ -11,17 +12,17 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from agent.api.state import ApiState
-from agent.api.transport import json_response, read_body
 from agent.errors import RequestError
-from agent.shm.regions import SharedMemoryError, SharedMemoryRegistry
+from agent.http.transport import json_response, read_body
+from agent.serving.state import ServingState
+from agent.shm.regions import CUDA_UNSUPPORTED, SharedMemoryError, SharedMemoryRegistry
 
 router = APIRouter(tags=["System shared memory"])
 _SMALL_BODY = 64 * 1024
 
 
 def _registry(request: Request) -> SharedMemoryRegistry:
-    state: ApiState = request.app.state.api
+    state: ServingState = request.app.state.api
     if state.shared_memory is None:
         raise SharedMemoryError("shared memory is not served by this agent", field="path")
     return state.shared_memory
@@ -64,4 +65,33 @@ def _count(doc: dict[str, object], name: str, default: int | None) -> int:
 @router.post("/v2/systemsharedmemory/region/{region_name}/unregister", summary="Unregister one")
 async def unregister(request: Request, region_name: str | None = None) -> Response:
     _registry(request).unregister(region_name)
+    return json_response({})
+
+
+# -- CUDA shared memory, as a Triton without a GPU answers it -----------------------------
+# perf_analyzer (and Triton's clients) unregister CUDA regions along with system ones at the
+# end of every shared-memory run: the status is empty, unregistering succeeds, and a register
+# is refused with the reason, never a 404.
+
+
+@router.get("/v2/cudasharedmemory/status", summary="CUDA regions: none on this agent")
+async def cuda_status() -> Response:
+    return json_response([])
+
+
+@router.get("/v2/cudasharedmemory/region/{region_name}/status", summary="One CUDA region")
+async def cuda_region_status(region_name: str) -> Response:
+    raise SharedMemoryError(
+        f"no CUDA shared memory region named {region_name!r}: {CUDA_UNSUPPORTED}", field="name"
+    )
+
+
+@router.post("/v2/cudasharedmemory/region/{region_name}/register", summary="Refused")
+async def cuda_register(region_name: str) -> Response:
+    raise SharedMemoryError(f"{region_name}: {CUDA_UNSUPPORTED}", field="name")
+
+
+@router.post("/v2/cudasharedmemory/unregister", summary="Unregister every CUDA region")
+@router.post("/v2/cudasharedmemory/region/{region_name}/unregister", summary="Unregister one")
+async def cuda_unregister(region_name: str | None = None) -> Response:
     return json_response({})

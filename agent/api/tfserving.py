@@ -8,14 +8,14 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from agent.api.openapi import TF_INFER
-from agent.api.state import ApiState
 from agent.api.tfserving_codec import (
     decode_predict,
     encode_predict,
     metadata_document,
     status_document,
 )
-from agent.api.transport import (
+from agent.errors import ModelNotFoundError
+from agent.http.transport import (
     ClientGone,
     json_response,
     read_body,
@@ -23,9 +23,9 @@ from agent.api.transport import (
     server_timing,
     until_disconnect,
 )
-from agent.errors import ModelNotFoundError
 from agent.inference.service import InferRequest
 from agent.inference.versions import VersionState
+from agent.serving.state import ServingState
 
 router = APIRouter(tags=["TensorFlow Serving"])
 
@@ -39,17 +39,26 @@ _TF_STATES = {
 }
 
 
-def _state(request: Request) -> ApiState:
-    state: ApiState = request.app.state.api
+def _state(request: Request) -> ServingState:
+    state: ServingState = request.app.state.api
     return state
 
 
-@router.get("/v1/models/{model_name}", summary="Status of every version of a model")
+@router.get(
+    "/v1/models/{model_name}",
+    summary="Status of every version of a model (a generative model: OpenAI's model object)",
+)
 @router.get("/v1/models/{model_name}/versions/{model_version}", summary="Status of one version")
 async def model_status(
     request: Request, model_name: str, model_version: str | None = None
 ) -> Response:
-    entry = _state(request).manager.models.get(model_name)
+    state = _state(request)
+    if model_version is None and state.generative is not None:
+        # NOTE: TF Serving's model status and OpenAI's "retrieve model" share this path; a
+        # generative model answers as OpenAI's model object
+        if model_name in state.generative.served:
+            return json_response(state.generative.served[model_name].card())
+    entry = state.manager.models.get(model_name)
     if entry is None:
         raise ModelNotFoundError(f"Servable not found for request: Latest({model_name})")
     rows = [(str(v), _TF_STATES[s.state], s.reason) for v, s in sorted(entry.status.items())]

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from agent.api.v2_codec import BadJsonError, NullInData, NullValueError, json_array
-from agent.errors import RequestError
+from agent.api.v2_codec import NullInData, json_array
+from agent.errors import BadJsonError, NullValueError, RequestError
 from runtimes.signature import ModelSignature, TensorSpec
 
 Arrays = dict[str, np.ndarray]

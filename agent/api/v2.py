@@ -14,8 +14,14 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope
 
 from agent.api.openapi import V2_INFER
-from agent.api.state import ApiState
-from agent.api.transport import (
+from agent.api.v2_codec import (
+    DecodedRequest,
+    check_classification,
+    decode_request,
+    encode_response,
+)
+from agent.errors import RequestError
+from agent.http.transport import (
     ClientGone,
     json_response,
     receive_body,
@@ -23,17 +29,13 @@ from agent.api.transport import (
     server_timing,
     until_disconnect,
 )
-from agent.api.v2_codec import (
-    DecodedRequest,
-    check_classification,
-    classify,
-    decode_request,
-    encode_response,
-)
-from agent.errors import RequestError
+from agent.inference.pipelined import PipelineVersion
 from agent.inference.service import InferRequest, InferResponse
 from agent.inference.versions import LoadedVersion
-from agent.pipelines.version import PipelineVersion
+from agent.serving.classification import classify
+from agent.serving.metadata import EXTENSIONS, SERVER_NAME
+from agent.serving.state import ServingState
+from agent.serving.triton_config import triton_config
 from agent.shm import tensors
 from agent.shm.answers import hold_until_answered
 from agent.shm.regions import Lease
@@ -41,22 +43,13 @@ from common import __version__
 
 router = APIRouter(tags=["KServe V2"])
 
-EXTENSIONS = [
-    "binary_tensor_data",
-    "classification",
-    "model_repository",
-    "schedule_policy",
-    "statistics",
-    "model_configuration",
-    "system_shared_memory",
-]
 _UNSUPPORTED_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 _MAX_LENGTH_DIGITS = 18
 """Digits of the longest Inference-Header-Content-Length read (bodies are far shorter)."""
 
 
-def _state(request: Request) -> ApiState:
-    state: ApiState = request.app.state.api
+def _state(request: Request) -> ServingState:
+    state: ServingState = request.app.state.api
     return state
 
 
@@ -70,14 +63,14 @@ async def live() -> Response:
     summary="Server readiness: started, and every model loaded from the repository serves",
 )
 async def ready(request: Request) -> Response:
-    # what Ready means (empty repositories, fleets, strict_readiness): ApiState.ready
+    # what Ready means (empty repositories, fleets, strict_readiness): ServingState.ready
     ok = _state(request).ready()
     return json_response({"ready": ok}, status=200 if ok else 503)
 
 
 @router.get("/v2", summary="Server metadata")
 async def server_metadata() -> Response:
-    return json_response({"name": "edgefleet", "version": __version__, "extensions": EXTENSIONS})
+    return json_response({"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS})
 
 
 def _metadata(lv: LoadedVersion, versions: list[int]) -> dict[str, Any]:
@@ -161,7 +154,8 @@ async def model_ready(
 async def model_config(
     request: Request, model_name: str, model_version: str | None = None
 ) -> Response:
-    lv = _state(request).service.resolve(model_name, model_version)
+    state = _state(request)
+    lv = state.service.resolve(model_name, model_version)
     doc = lv.config.model_dump(mode="json")
     doc |= {
         "name": lv.model,
@@ -174,7 +168,9 @@ async def model_config(
     if lv.tuning is not None:  # as served: the size measured at load, and the measurement
         doc["batching"] = lv.batcher.config.model_dump(mode="json")
         doc["batch_tuning"] = lv.tuning.describe()
-    return json_response(doc)
+    # Triton's document at the top, as its tools read it; edgefleet's own beside it
+    served = sorted(state.manager.models[lv.model].served)
+    return json_response(triton_config(lv, served) | {"edgefleet": doc})
 
 
 @router.post("/v2/models/{model_name}/infer", summary="Inference", openapi_extra=V2_INFER)
@@ -200,7 +196,7 @@ _BINARY = (b"content-type", b"application/octet-stream")
 
 
 async def handle_infer(
-    state: ApiState, scope: Scope, receive: Receive, model_name: str, model_version: str | None
+    state: ServingState, scope: Scope, receive: Receive, model_name: str, model_version: str | None
 ) -> Answer:
     """``POST /v2/models/{model_name}[/versions/{model_version}]/infer``, in ASGI terms."""
     started = time.monotonic()
@@ -249,8 +245,10 @@ class InferCall:
             decoded.binary_output_default,
             self.written,
         )
-        total = time.monotonic() - self.started
+        answered = time.monotonic()
+        total = answered - self.started
         context["model"], context["version"] = result.model, result.version
+        context["timing"] = (result.queue_s, result.compute_s, answered, result.batch_rows)
         context["queue_ms"] = round(result.queue_s * 1000, 3)
         context["compute_ms"] = round(result.compute_s * 1000, 3)
         timing_value = server_timing(result.queue_s, result.compute_s, total)
@@ -266,7 +264,7 @@ class InferCall:
 
 
 def start_infer(
-    state: ApiState,
+    state: ServingState,
     scope: Scope,
     headers: dict[bytes, bytes],
     body: bytes,
@@ -279,6 +277,7 @@ def start_infer(
     context = request_context(scope)
     context["model"], context["version"] = model_name, model_version
     lv = state.service.resolve(model_name, model_version)
+    context["placement"] = lv.placement  # a request span's runtime and execution provider
     header = headers.get(b"inference-header-content-length")
     if header is not None and not header.strip().isdigit():
         raise RequestError(
@@ -310,7 +309,7 @@ def start_infer(
 
 
 def _submit(
-    state: ApiState,
+    state: ServingState,
     lv: LoadedVersion,
     decoded: DecodedRequest,
     lease: Lease | None,

@@ -18,7 +18,8 @@ from typing import Any, cast
 import numpy as np
 import orjson
 
-from agent.errors import RequestError
+from agent.errors import BadJsonError, NullValueError, RequestError
+from agent.serving.classification import UNCLASSIFIABLE, classify
 from agent.shm import tensors
 from agent.shm.regions import Lease
 from runtimes.datatypes import ELEMENT_SIZE, V2_DATATYPES, from_numpy, numpy_dtype
@@ -28,7 +29,6 @@ Arrays = dict[str, np.ndarray]
 _LE_LENGTH = struct.Struct("<I")
 MAX_DIMS = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
 """The most dimensions numpy gives an array (NPY_MAXDIMS: 32 before numpy 2)."""
-_UNCLASSIFIABLE = frozenset({"BYTES", "BOOL"})
 _LITTLE_ENDIAN = {d: numpy_dtype(d).newbyteorder("<") for d in ELEMENT_SIZE if d != "BF16"}
 """The numpy dtype of every fixed-size V2 datatype, little-endian as the binary extension is."""
 
@@ -57,16 +57,6 @@ class DecodedRequest:
     @property
     def binary_output_default(self) -> bool:
         return self.parameters.get("binary_data_output", False) is True  # checked at decoding
-
-
-class BadJsonError(RequestError):
-    """The body, or its JSON part, is not JSON: a refusal counted apart from other malformed
-    requests (``edgefleet_requests_refused_total{reason="bad_json"}``)."""
-
-
-class NullValueError(RequestError):
-    """null where a tensor's value belongs (a client's NaN, often): counted apart
-    (``reason="null_value"``)."""
 
 
 class NullInData(ValueError):
@@ -379,7 +369,7 @@ def check_classification(
     datatypes = {t.name: t.datatype for t in signature.outputs}
     for i, output in enumerate(requested or ()):
         datatype = datatypes.get(output.name)
-        if output.classification and datatype in _UNCLASSIFIABLE:
+        if output.classification and datatype in UNCLASSIFIABLE:
             raise _fail(
                 f"outputs[{i}].parameters.classification",
                 f"output {output.name!r} is {datatype}; classification ranks numeric outputs only",
@@ -423,8 +413,9 @@ def encode_response(
 ) -> tuple[bytes, int | None]:
     """The response body and, when binary tensors follow the JSON, the JSON's length.
 
-    An output ``written`` into its region is listed with the region's parameters, as Triton
-    answers it.
+    An output ``written`` into its region is listed with its name, datatype and shape and no
+    ``parameters``, as Triton answers it: Triton's C++ HTTP client reads ``binary_data_size``
+    wherever ``parameters`` appears (perf_analyzer failed on the region's own parameters).
     """
     specs = requested or [RequestedOutput(name) for name in outputs]
     listed: list[dict[str, Any]] = []
@@ -432,12 +423,8 @@ def encode_response(
     for spec in specs:
         if spec.region is not None:
             assert written is not None  # InferCall writes them before it responds
-            datatype, shape, size = written[spec.name]
-            parameters = {tensors.REGION: spec.region.name, tensors.BYTE_SIZE: size}
-            if spec.region.offset:
-                parameters[tensors.OFFSET] = spec.region.offset
-            head_doc = {"name": spec.name, "datatype": datatype, "shape": shape}
-            listed.append({**head_doc, "parameters": parameters})
+            datatype, shape, _ = written[spec.name]
+            listed.append({"name": spec.name, "datatype": datatype, "shape": shape})
             continue
         array = outputs[spec.name]
         if spec.classification:
@@ -488,29 +475,3 @@ def _to_binary(array: np.ndarray, datatype: str) -> bytes:
             parts.append(_LE_LENGTH.pack(len(data)) + data)
         return b"".join(parts)
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
-
-
-def classify(array: np.ndarray, top: int) -> np.ndarray:
-    """Triton's classification extension: the top-N ``"<value>:<index>"`` strings per row,
-    highest first, equal values in index order.
-
-    Raises:
-        RequestError: the array is not numeric (:func:`check_classification` refuses that
-            before inference; this guards other callers).
-    """
-    if array.dtype.kind not in "iuf":
-        raise _fail("outputs", f"classification ranks numeric outputs only, not {array.dtype}")
-    rows = array.reshape(array.shape[0], -1) if array.ndim > 1 else array.reshape(1, -1)
-    top = min(top, rows.shape[1])
-    if rows.dtype.kind == "f":
-        order = np.argsort(-rows, axis=1, kind="stable")[:, :top]  # NaN stays last
-    else:
-        # -x wraps for integers (-200 as UINT8 is 56, -(-128) as INT8 is -128): sort the
-        # columns reversed, ascending and stable, and read that backwards
-        last = rows.shape[1] - 1
-        order = last - np.argsort(rows[:, ::-1], axis=1, kind="stable")[:, ::-1][:, :top]
-    out = np.empty((rows.shape[0], top), dtype=object)
-    for r, indices in enumerate(order):
-        for c, index in enumerate(indices):
-            out[r, c] = f"{float(rows[r, index]):f}:{int(index)}".encode()
-    return out if array.ndim > 1 else out.reshape(top)

@@ -17,7 +17,7 @@ import ssl
 import uuid
 from collections.abc import Awaitable
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -30,6 +30,7 @@ from agent.fleet.outbox import Outbox
 from agent.fleet.outcome import Report
 from agent.fleet.settings import FleetSettings
 from agent.fleet.shadow import ShadowStages, listed_shadows
+from agent.fleet.stagers import GenerativeStager
 from agent.fleet.state import StateFiles
 from agent.fleet.store import ModelStore
 from agent.fleet.telemetry import TelemetryCollector
@@ -53,8 +54,11 @@ from common.protocol.signing import TrustRoot, apply_trust_update, parse_envelop
 from common.protocol.topics import Topics
 from common.protocol.verify import DeviceIdentity, claimed, verify_command, verify_manifest
 from runtimes.errors import NoPlacementError
-from runtimes.formats import ModelFormat
+from runtimes.formats import GENAI_FORMAT, ModelFormat
 from runtimes.hardware.context import HardwareContext
+
+if TYPE_CHECKING:
+    from agent.generative.models import GenerativeModels
 
 log = logging.getLogger("edgefleet.agent.fleet")
 T = TypeVar("T")
@@ -76,6 +80,8 @@ def device_identity(settings: FleetSettings, hardware: HardwareContext) -> Devic
         except NoPlacementError:
             continue
         formats.add(fmt.value)
+    if ModelFormat.ONNX.value in formats:
+        formats.add(GENAI_FORMAT)  # the token loop runs on ONNX Runtime where ONNX places
     return DeviceIdentity(
         settings.device_id, hardware.profile.name, dict(settings.labels), frozenset(formats)
     )
@@ -94,8 +100,11 @@ class FleetClient:
         accelerators: AcceleratorProbe,
         metrics: AgentMetrics,
         sketches: InputSketchBook | None = None,
+        generative: GenerativeStager | None = None,
     ) -> None:
+        """``generative``: where generative versions go (None: this agent refuses them)."""
         self.settings = settings
+        self.generative = generative
         self.manager = manager
         self.metrics = metrics
         self.topics = Topics(settings.topic_prefix)
@@ -145,8 +154,15 @@ class FleetClient:
             self._status_changed,
             on_done=self._done,
             shadows=self.shadows,
+            generative=generative,
         )
-        self.telemetry = TelemetryCollector(manager, accelerators, sketches)
+        self.telemetry = TelemetryCollector(
+            manager,
+            accelerators,
+            sketches,
+            generative=self._generative_models,
+            hourly_cost=metrics.hourly_cost,
+        )
         self.connected = asyncio.Event()
         self._wake = asyncio.Event()
         self._status_dirty = True
@@ -286,16 +302,23 @@ class FleetClient:
         """Number of the last telemetry message produced."""
         return self.outbox.last_seq("telemetry")
 
+    def _generative_models(self) -> GenerativeModels | None:
+        """The generative models, once there are any (None before: nothing to report)."""
+        return self.generative.current if self.generative is not None else None
+
     # -- outgoing -------------------------------------------------------------------------
 
     def _status(self, *, online: bool) -> bytes:
         models = []
         if online:
-            for entry in self.manager.models.values():
-                for version in entry.served:
-                    ms = self.state.models.get(entry.name)
-                    seq = ms.committed_sequence if ms and ms.committed_version == version else None
-                    models.append(ServedModel(model=entry.name, version=version, sequence=seq))
+            served = [(e.name, v) for e in self.manager.models.values() for v in e.served]
+            generative = self._generative_models()
+            if generative is not None:
+                served += [(name, gv.version) for name, gv in sorted(generative.served.items())]
+            for name, version in served:
+                ms = self.state.models.get(name)
+                seq = ms.committed_sequence if ms and ms.committed_version == version else None
+                models.append(ServedModel(model=name, version=version, sequence=seq))
         status = DeviceStatus(
             device_id=self.device_id,
             online=online,
@@ -472,7 +495,12 @@ class FleetClient:
                 vm = verify_manifest(raw, self.trust, self.identity, self._floor, now)
             except ProtocolError as exc:
                 if exc.code == Rejection.REPLAYED and self._converged(exc.model, exc.sequence):
-                    continue  # the retained state we already applied (or already refused)
+                    # the retained state we already applied (or already refused). Published
+                    # again by a new leader or after a broker reset: the status saying so may
+                    # have died with a replica that took it unstored, so it goes again (the
+                    # rollout engine reads it back; events are not resent, issue 47)
+                    self._status_changed()
+                    continue
                 self._rejected("desired", exc)
                 continue
             except Exception as exc:
@@ -513,7 +541,7 @@ class FleetClient:
 
     def _converged(self, model: str | None, sequence: int | None) -> bool:
         ms = self.state.models.get(model or "")
-        return ms is not None and sequence in (ms.committed_sequence, ms.failed_sequence)
+        return ms is not None and ms.applied(sequence)
 
     def _on_ack(self, payload: bytes) -> None:
         try:

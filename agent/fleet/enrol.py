@@ -129,7 +129,11 @@ class Enrolment:
                     wait = jittered_retry_after(exc.retry_after_s)
                     log.info(
                         "enrolment: control plane busy",
-                        extra={"error": str(exc), "retry_in_s": round(wait, 2)},
+                        extra={
+                            "error": str(exc),
+                            "retry_after_s": exc.retry_after_s,
+                            "retry_in_s": round(wait, 2),
+                        },
                     )
                 except (httpx.HTTPError, _Transient) as exc:
                     log.warning(

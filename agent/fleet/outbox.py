@@ -6,8 +6,11 @@ acknowledged it (QoS 1 PUBACK). A telemetry message leaves once the control plan
 stored it (:class:`~common.protocol.messages.TelemetryAck`): a broker that restarts without
 its state acknowledges messages it then delivers to no one. Until then it is sent again after
 every reconnect, and while connected after ``resend_s`` (doubling per try, up to
-``resend_max_s``). A device whose control plane never acknowledged anything (one older than
-the acknowledgements) keeps the broker's PUBACK for telemetry too. Past ``max_bytes`` or
+``resend_max_s``). The broker's PUBACK never lets telemetry go, not even before the control
+plane's first acknowledgement: a broker without persistence restarted in a device's first
+seconds once lost those for good. A control plane that acknowledges nothing (one older than
+the acknowledgements) is detected, not assumed: after ``UNACKED_WARNING`` sends of one row
+with no acknowledgement ever, the outbox says so once in the log. Past ``max_bytes`` or
 ``max_age_s`` the oldest telemetry goes first (events only if telemetry alone cannot make
 room), and every drop is counted.
 
@@ -43,7 +46,9 @@ CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NU
 
 
 ACKS_SEEN = "acks_seen"
-"""Counter set once the control plane acknowledged telemetry: from then on it is awaited."""
+"""Counter set once the control plane acknowledged telemetry, kept across restarts."""
+UNACKED_WARNING = 4
+"""Sends of one telemetry row, none acknowledged ever, before the outbox warns."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ class Outbox:
         *,
         max_bytes: int,
         max_age_s: float,
-        resend_s: float = 60.0,
+        resend_s: float = 8.0,
         resend_max_s: float = 900.0,
     ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -85,6 +90,7 @@ class Outbox:
         """Telemetry rows sent and not yet acknowledged by the control plane: id -> (when it is
         due again, on the monotonic clock; how many times it was sent)."""
         self._end_to_end = self._counter(ACKS_SEEN) > 0
+        self._warned = False
         self._unstored: dict[str, int] = {}
         """Messages per kind the storage refused, not yet added to the stored counters."""
         self._acked: set[int] = set()
@@ -244,17 +250,24 @@ class Outbox:
         return [Pending(i, t, bytes(p), seq, k) for i, t, p, seq, k in rows.fetchall()]
 
     def published(self, items: list[Pending]) -> None:
-        """The broker acknowledged ``items``: events (and telemetry, until the control plane
-        acknowledges any) leave; telemetry waits for the control plane's acknowledgement."""
+        """The broker acknowledged ``items``: events leave; telemetry waits for the control
+        plane's acknowledgement."""
         now = time.monotonic()
         done = []
         for item in items:
-            if self._end_to_end and item.kind == "telemetry" and item.seq is not None:
+            if item.kind == "telemetry" and item.seq is not None:
                 if not self._stored(item.id):
                     continue  # acknowledged by the control plane while the broker's ack came
                 sent = self._awaiting.get(item.id, (0.0, 0))[1] + 1
                 wait = min(self.resend_max_s, self.resend_s * 2 ** min(sent - 1, 32))
                 self._awaiting[item.id] = (now + wait, sent)
+                if sent >= UNACKED_WARNING and not self._end_to_end and not self._warned:
+                    self._warned = True
+                    log.warning(
+                        "the control plane acknowledges no telemetry: it is kept and sent "
+                        "again until it does (a control plane older than the agent?)",
+                        extra={"sends": sent, "waiting": len(self._awaiting)},
+                    )
             else:
                 done.append(item.id)
         if done:
@@ -310,7 +323,7 @@ class Outbox:
 
     @property
     def end_to_end(self) -> bool:
-        """Telemetry leaves on the control plane's acknowledgement, not the broker's."""
+        """Whether the control plane ever acknowledged telemetry (remembered across restarts)."""
         return self._end_to_end
 
     def ack(self, ids: list[int]) -> None:

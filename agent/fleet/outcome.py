@@ -1,39 +1,32 @@
-"""How an update ends once it serves: its health window, then the commit, or the switch
-back to what served before; and the fleet's command to roll back to the previous version.
-Each step is reported as a :class:`Report`.
+"""How an update ends once it serves, and what each step says: the commit, or the switch back
+to what served before (:class:`Settlement`), the fleet's command to roll back to the previous
+version, and the :class:`Report` of each step (:class:`Announcer`). The health window that
+decides between them is :mod:`agent.fleet.health`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import time
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from agent.errors import AgentError, LoadError
+from agent.errors import LoadError
 from agent.fleet.settings import FleetSettings
+from agent.fleet.stagers import BatchStager, Staged, Stager, Stagers
 from agent.fleet.state import FleetState, StateFiles
 from agent.fleet.store import ModelStore, is_disk_full
 from agent.inference.manager import ModelManager
-from agent.inference.versions import LoadedVersion
 from common.model_config import CONFIG_FILE, ModelConfig
-from common.protocol.errors import Rejection
-from common.protocol.messages import Command, HealthCriteria, ModelManifest, UpdateState
+from common.protocol.errors import ProtocolError, Rejection
+from common.protocol.messages import Command, ModelManifest, UpdateState
 from common.protocol.verify import VerifiedManifest
 from runtimes.errors import RuntimeFailure
-from runtimes.golden import GOLDEN_FILE, GoldenSample
 
 log = logging.getLogger("edgefleet.agent.fleet")
-
-BASELINE_S = 300.0
-"""How far back the previous version's latency is read for the p99 comparison."""
 
 
 @dataclass(frozen=True)
@@ -54,41 +47,139 @@ class Report:
 Reporter = Callable[[Report], None]
 
 
-class UpdateOutcome:
-    """The closing steps of :class:`agent.fleet.updater.Updater`: what they read and write is
-    the updater's own state, set up in its ``__init__``."""
+@dataclass(frozen=True)
+class Announcer:
+    """What one manifest's update says at each step, as a :class:`Report` of that manifest."""
 
-    manager: ModelManager
-    store: ModelStore
-    files: StateFiles
-    state: FleetState
-    settings: FleetSettings
+    manifest: ModelManifest
     report: Reporter
-    on_change: Callable[[], None]
 
-    if TYPE_CHECKING:
+    def say(
+        self,
+        state: UpdateState,
+        code: str | None = None,
+        reason: str | None = None,
+        progress: float | None = None,
+        *,
+        bytes_done: int | None = None,
+        bytes_total: int | None = None,
+        window_s: float | None = None,
+    ) -> None:
+        m = self.manifest
+        self.report(
+            Report(
+                state,
+                m.model,
+                m.version,
+                m.sequence,
+                m.rollout_id,
+                code,
+                reason,
+                progress,
+                bytes_done,
+                bytes_total,
+                window_s,
+            )
+        )
 
-        def _retry_later(self, vm: VerifiedManifest) -> float: ...
+    def reject(self, exc: ProtocolError) -> None:
+        m = self.manifest
+        log.warning(
+            "update rejected",
+            extra={
+                "model": m.model,
+                "version": m.version,
+                "code": exc.code.value,
+                "reason": exc.message,
+            },
+        )
+        self.say(UpdateState.REJECTED, exc.code, exc.message)
 
-    def _switch_back(
+
+class Settlement:
+    """How an update ends, for the updater that owns it: commit, switch back, roll back, and
+    what each leaves on disk and in ``fleet-state.json``. ``defer`` queues a manifest again
+    later and returns the delay (the updater's retry). ``stagers``: where a model's versions
+    are staged (by default the batch models' manager only); each end takes the stager its
+    update was staged into."""
+
+    def __init__(
+        self,
+        manager: ModelManager,
+        store: ModelStore,
+        files: StateFiles,
+        state: FleetState,
+        settings: FleetSettings,
+        report: Reporter,
+        on_change: Callable[[], None],
+        defer: Callable[[VerifiedManifest], float],
+        *,
+        stagers: Stagers | None = None,
+    ) -> None:
+        self.manager = manager
+        self.stagers = stagers or Stagers(BatchStager(manager), None)
+        self.store = store
+        self.files = files
+        self.state = state
+        self.settings = settings
+        self.report = report
+        self.on_change = on_change
+        self.defer = defer
+
+    def fail_sequence(self, m: ModelManifest) -> None:
+        """Record ``m``'s sequence as failed: a retained desired state does not retry it."""
+        self.state.model(m.model).failed_sequence = m.sequence
+        self.files.save_state(self.state)
+
+    def remove_unless_kept(self, m: ModelManifest) -> None:
+        """A version that did not become the committed one is not left to be served later."""
+        ms = self.state.model(m.model)
+        served = self.stagers.for_model(m.model).served_versions(m.model)
+        if m.version != ms.committed_version and m.version not in served:
+            self.store.remove_version(m.model, m.version)
+
+    def roll_back(
+        self,
+        m: ModelManifest,
+        previous: dict[int, Staged],
+        staged: Staged,
+        verdict: str,
+        stager: Stager | None = None,
+    ) -> None:
+        """The health window failed: what served before serves again, the sequence failed."""
+        (stager or self.stagers.batch).restore(m.model, previous, staged, verdict)
+        self.fail_sequence(m)
+        if m.version not in previous:
+            self.remove_unless_kept(m)
+        log.warning(
+            "update rolled back",
+            extra={"model": m.model, "version": m.version, "reason": verdict},
+        )
+        Announcer(m, self.report).say(
+            UpdateState.ROLLED_BACK, Rejection.HEALTH_CHECK_FAILED, verdict
+        )
+        self.on_change()
+
+    def switch_back(
         self,
         vm: VerifiedManifest,
-        previous: dict[int, LoadedVersion],
-        staged: LoadedVersion,
+        previous: dict[int, Staged],
+        staged: Staged,
         exc: Exception,
+        stager: Stager | None = None,
     ) -> None:
         """Undo a switch that could not be committed. A storage fault (a full disk, an I/O
         error) is retried later, as storage faults before the switch are; anything else marks
         the sequence failed."""
         m = vm.manifest
         reason = f"could not be committed: {type(exc).__name__}: {exc}"
-        self.manager.restore(m.model, previous, staged, reason)
+        (stager or self.stagers.batch).restore(m.model, previous, staged, reason)
         self.on_change()
         if m.version not in previous:
-            self._remove_unless_kept(m)
+            self.remove_unless_kept(m)
         if isinstance(exc, OSError):
             code = Rejection.DISK_FULL if is_disk_full(exc) else Rejection.DOWNLOAD_FAILED
-            delay = self._retry_later(vm)
+            delay = self.defer(vm)
             log.warning(
                 "update switched back, deferred",
                 extra={"model": m.model, "version": m.version, "reason": reason},
@@ -103,73 +194,9 @@ class UpdateOutcome:
                 self.files.save_state(self.state)
         self.report(Report(state, m.model, m.version, m.sequence, m.rollout_id, code, reason))
 
-    def _remove_unless_kept(self, m: ModelManifest) -> None:
-        """A version that did not become the committed one is not left to be served later."""
-        ms = self.state.model(m.model)
-        entry = self.manager.models.get(m.model)
-        if m.version != ms.committed_version and not (entry and m.version in entry.served):
-            self.store.remove_version(m.model, m.version)
-
-    async def _health_window(
-        self,
-        criteria: HealthCriteria,
-        staged: LoadedVersion,
-        previous: dict[int, LoadedVersion],
-        version_dir: Path,
-    ) -> str | None:
-        """None if the new version passed its window, else why not. Fails early once the
-        error budget of the window is spent."""
-        started = time.monotonic()
-        baseline: float | None = None
-        for lv in previous.values():
-            if len(lv.stats.recent) >= max(criteria.min_requests, 1):
-                p99 = lv.stats.latency_percentiles(started - BASELINE_S, (99,))
-                baseline = p99[0] if p99 else None
-        stats = staged.stats
-        deadline = started + criteria.window_s
-        while True:
-            requests = stats.success.count + stats.fail.count
-            errors = stats.model_errors()
-            if (
-                requests >= criteria.min_requests
-                and requests
-                and errors / requests > criteria.max_error_rate
-            ):
-                return (
-                    f"error rate {errors / requests:.1%} over {requests} requests exceeds "
-                    f"{criteria.max_error_rate:.1%}"
-                )
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            stats.failed.clear()
-            # woken by a failure to re-check the error budget, else at the window's end
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await stats.failed.wait()
-        requests = stats.success.count + stats.fail.count
-        if baseline and requests >= criteria.min_requests:
-            new_p99 = (stats.latency_percentiles(started, (99,)) or [0.0])[0]
-            ratio = new_p99 / baseline
-            if ratio > criteria.max_p99_ratio:
-                return (
-                    f"p99 latency {new_p99 * 1000:.1f} ms is {ratio:.2f}x the previous version's "
-                    f"{baseline * 1000:.1f} ms (limit {criteria.max_p99_ratio}x)"
-                )
-        golden_path = version_dir / GOLDEN_FILE
-        if criteria.self_test and golden_path.is_file():
-            golden = GoldenSample.load(golden_path)
-            rows = staged.signature.validate_inputs(golden.inputs) or 1
-            try:
-                result = await staged.batcher.infer(golden.inputs, rows, priority=1, timeout_s=None)
-            except (AgentError, RuntimeFailure) as exc:
-                return f"self-test after the window failed: {exc}"
-            problems = golden.mismatches(result.outputs)
-            if problems:
-                return "self-test after the window failed: " + "; ".join(problems)
-        return None
-
-    def _commit(self, m: ModelManifest, previous: dict[int, LoadedVersion]) -> None:
+    def commit(
+        self, m: ModelManifest, previous: dict[int, Staged], stager: Stager | None = None
+    ) -> None:
         """Raises OSError where the disk refuses the pointer or the state, with both put back
         as far as the disk allows (``ModelStore.recover`` reconciles what it did not)."""
         ms = self.state.model(m.model)
@@ -180,8 +207,10 @@ class UpdateOutcome:
             if ms.committed_version is not None
             else max(previous, default=None)
         )
-        ms.previous_version = before if before != m.version else ms.previous_version
+        if before != m.version:
+            ms.previous_version, ms.previous_sequence = before, ms.committed_sequence
         ms.committed_version, ms.committed_sequence = m.version, m.sequence
+        ms.restored_sequence = None
         try:
             self.files.save_state(self.state)
         except BaseException:
@@ -191,7 +220,7 @@ class UpdateOutcome:
             raise
         # Committed from here on: what follows is cleanup, and its failure undoes nothing.
         try:
-            self.manager.settle(m.model, previous)
+            (stager or self.stagers.batch).settle(m.model, previous)
             keep = {m.version} | (
                 {ms.previous_version} if ms.previous_version is not None else set()
             )
@@ -230,8 +259,9 @@ class UpdateOutcome:
         config_path = self.store.repository / command.model / CONFIG_FILE
         raw = tomllib.loads(config_path.read_text()) if config_path.is_file() else {}
         raw["version_policy"] = {"specific": [target]}
+        stager = self.stagers.for_model(command.model)
         try:
-            staged = await self.manager.stage(
+            staged = await stager.stage(
                 command.model, target, version_dir, ModelConfig.model_validate(raw)
             )
         except (LoadError, RuntimeFailure, ValidationError) as exc:
@@ -241,13 +271,14 @@ class UpdateOutcome:
                 f"previous version {target} does not load: {exc}",
             )
             return
-        previous = self.manager.activate(command.model, staged)
+        previous = stager.activate(command.model, staged)
         self.store.commit(
             command.model, target, {k: v for k, v in raw.items() if k != "version_policy"}
         )
         ms.committed_version, ms.previous_version = target, None
+        ms.restored_sequence, ms.previous_sequence = ms.previous_sequence, None
         self.files.save_state(self.state)
-        self.manager.settle(command.model, previous)
+        stager.settle(command.model, previous)
         say(
             UpdateState.ROLLED_BACK,
             Rejection.FLEET_COMMAND,

@@ -54,10 +54,12 @@ class FleetSettings(BaseModel):
     """Bound of the on-disk buffer for telemetry and events while offline."""
     outbox_max_age_s: float = Field(default=7 * 24 * 3600, gt=0)
     """Telemetry and events older than this leave the buffer, counted as dropped."""
-    telemetry_resend_s: float = Field(default=60.0, gt=0)
+    telemetry_resend_s: float = Field(default=8.0, gt=0)
     """How long a telemetry message the broker took waits for the control plane's
     acknowledgement before it is sent again (doubling per try up to
-    ``telemetry_resend_max_s``); a reconnect sends every unacknowledged one at once."""
+    ``telemetry_resend_max_s``); a reconnect sends every unacknowledged one at once. Short,
+    though past the control plane's ``telemetry_ack_interval_s`` (2 s): what a dying replica
+    took and did not store comes again within seconds of another taking over."""
     telemetry_resend_max_s: float = Field(default=900.0, gt=0)
     max_artifact_bytes: int = Field(default=2 * 2**30, gt=0)
     download_attempts: int = Field(default=5, ge=1)

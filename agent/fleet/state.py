@@ -22,7 +22,22 @@ class ModelState(BaseModel):
     committed_version: int | None = None
     committed_sequence: int | None = None
     previous_version: int | None = None
+    previous_sequence: int | None = None
+    """The sequence ``previous_version`` was committed with."""
     failed_sequence: int | None = None
+    restored_sequence: int | None = None
+    """After the fleet's rollback command: the sequence of the version switched back to. The
+    control plane then lists that older manifest again as the desired state; it is what runs,
+    not a replay (the floor stays at ``committed_sequence``, so the rolled-back one is not
+    taken again)."""
+
+    def applied(self, sequence: int | None) -> bool:
+        """Whether a manifest of ``sequence`` is what this device runs or refused already."""
+        return sequence is not None and sequence in (
+            self.committed_sequence,
+            self.failed_sequence,
+            self.restored_sequence,
+        )
 
     def floor(self) -> int | None:
         """Manifests must be newer than this sequence."""

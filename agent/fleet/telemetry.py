@@ -12,16 +12,22 @@ time they were recorded, so no request is counted in two windows or in none.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import psutil
 
 from agent.accelerators import AcceleratorProbe
+from agent.fleet.token_telemetry import TokenWindows
 from agent.inference.manager import ModelManager
 from agent.inference.sketches import InputSketchBook
 from agent.inference.stats import VersionStats, percentiles_of
 from agent.inference.versions import LoadedVersion
 from common.protocol.messages import DeviceTelemetry, ModelTelemetry
+
+if TYPE_CHECKING:
+    from agent.generative.models import GenerativeModels
 
 PERCENTILES = (50, 95, 99)
 
@@ -88,8 +94,15 @@ class TelemetryCollector:
         manager: ModelManager,
         accelerators: AcceleratorProbe,
         sketches: InputSketchBook | None = None,
+        *,
+        generative: Callable[[], GenerativeModels | None] = lambda: None,
+        hourly_cost: float | None = None,
     ) -> None:
+        """``generative``: the generative models, or None while there are none; their
+        versions' windows (:mod:`agent.fleet.token_telemetry`) join the batch models', with
+        their cost per 1k tokens where ``hourly_cost`` (the device's) is set."""
         self.manager = manager
+        self.tokens = TokenWindows(generative, hourly_cost)
         self.accelerators = accelerators
         self.sketches = sketches
         """Where the service sketches served inputs; each window takes them (drift)."""
@@ -134,6 +147,7 @@ class TelemetryCollector:
         for lv in [lv for lv in self._last if lv not in serving and lv not in self._departed]:
             del self._last[lv]  # gone for good: its last counts were sent
         models = [w.to_message(model, version) for (model, version), w in windows.items()]
+        models += self.tokens.collect(since, now)
         if self.sketches is not None:
             inputs = self.sketches.take_all()
             for m in models:

@@ -11,6 +11,13 @@ leaves the previous version served after restart, and the retained desired state
 update back to be tried again. A failure after the switch and before the commit is recorded
 (a full disk refusing ``config.toml`` or ``fleet-state.json``) switches back the same way.
 
+:meth:`Updater.apply` takes these arrows as named steps: ``_received`` (a copy, an older
+sequence or an expired window stops here), ``_download`` (downloading -> verified, or queued
+again for the maintenance window), ``_stage`` (staged, or a shadow stage), the switch, then
+``_watch`` (active -> committed or rolled_back, judged by an
+:class:`~agent.fleet.health.HealthWindow`); ``_refused`` is the way to rejected, or back to
+downloading for a retry. How each end is written down is :class:`~agent.fleet.outcome.Settlement`'s.
+
 A desired state that no longer lists a manifest withdraws it: dropped if it has not been
 switched to yet (queued, waiting for a retry, or still downloading), reported as rejected,
 superseded. One already active finishes its health window: by then it serves, and what decides
@@ -22,20 +29,26 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
 from pydantic import ValidationError
 
 from agent.errors import LoadError
 from agent.fleet.download import stage_update
-from agent.fleet.outcome import Report, Reporter, UpdateOutcome
+from agent.fleet.health import HealthWindow
+from agent.fleet.outcome import Announcer, Report, Reporter, Settlement
 from agent.fleet.settings import FleetSettings
 from agent.fleet.shadow import ShadowStages
+from agent.fleet.stagers import BatchStager, GenerativeStager, Staged, Stager, Stagers
 from agent.fleet.state import FleetState, StateFiles
 from agent.fleet.store import ModelStore
 from agent.inference.manager import ModelManager
+from agent.inference.versions import LoadedVersion
 from common.model_config import ModelConfig
 from common.protocol.errors import ProtocolError, Rejection
 from common.protocol.messages import Command, ModelManifest, UpdateState
@@ -53,7 +66,18 @@ RETRY_MAX_S = 300.0
 Item = VerifiedManifest | Command
 
 
-class Updater(UpdateOutcome):
+@dataclass(frozen=True)
+class Switched:
+    """An update past its switch: the version serving now, what served before it (still
+    loaded and warm), the version's directory, and what it was staged into."""
+
+    staged: Staged
+    previous: dict[int, Staged]
+    version_dir: Path
+    stager: Stager
+
+
+class Updater:
     def __init__(
         self,
         manager: ModelManager,
@@ -65,10 +89,14 @@ class Updater(UpdateOutcome):
         on_change: Callable[[], None],
         on_done: Callable[[Item], None] = lambda item: None,
         shadows: ShadowStages | None = None,
+        generative: GenerativeStager | None = None,
     ) -> None:
         """``on_done`` is called once an item is finished: a command has run, a manifest was
-        applied or refused for good (not while a retry of it is scheduled)."""
+        applied or refused for good (not while a retry of it is scheduled). ``generative``:
+        where generative versions (``genai`` artifacts) are staged; None refuses them."""
         self.manager = manager
+        self.stagers = Stagers(BatchStager(manager), generative)
+        """What each update is staged into: the batch models, or the generative ones."""
         self.store = store
         self.files = files
         self.state = state
@@ -89,6 +117,18 @@ class Updater(UpdateOutcome):
         self._switched: set[tuple[str, int]] = set()
         """Manifests past the switch: a withdrawal no longer stops them."""
         self.busy = False
+        self.settlement = Settlement(
+            manager,
+            store,
+            files,
+            state,
+            settings,
+            report,
+            on_change,
+            self._retry_later,
+            stagers=self.stagers,
+        )
+        """How updates end: commit, switch back, roll back (the fleet's command too)."""
 
     def submit(self, item: Item) -> None:
         if isinstance(item, VerifiedManifest):
@@ -161,7 +201,7 @@ class Updater(UpdateOutcome):
             self.busy = True
             try:
                 if isinstance(item, Command):
-                    await self.rollback(item)
+                    await self.settlement.rollback(item)
                 else:
                     await self.apply(item, http)
             except Exception:
@@ -189,165 +229,203 @@ class Updater(UpdateOutcome):
             # the updater: it is what a redelivery would repeat, at worst
             log.exception("recording a finished update failed")
 
-    # -- manifests ------------------------------------------------------------------------
+    # -- manifests: the states drawn in the module docstring -------------------------------
 
     async def apply(self, vm: VerifiedManifest, http: httpx.AsyncClient) -> None:
+        """Take ``vm`` through the states drawn above: received, downloading and verified,
+        staged, active (its health window), then committed or rolled back. Each step says
+        what it reached, and returns what the next one needs or None where the update stops
+        there (a refusal, a deferral, a shadow stage, a withdrawal)."""
+        voice = Announcer(vm.manifest, self.report)
+        self._drop_older_retries(vm.manifest)
+        if not self._received(vm, voice):
+            return
+        try:
+            switched = await self._to_active(vm, http, voice)
+        except ProtocolError as exc:
+            self._refused(vm, exc, voice)
+            return
+        if switched is not None:
+            await self._watch(vm, switched, voice)
+
+    def _received(self, vm: VerifiedManifest, voice: Announcer) -> bool:
+        """Whether ``vm`` is still to be applied: not a copy of one applied or failed, not
+        older than what was, and (a retry, or one with a maintenance window) still valid."""
         m = vm.manifest
         ms = self.state.model(m.model)
-
-        def say(
-            state: UpdateState,
-            code: str | None = None,
-            reason: str | None = None,
-            progress: float | None = None,
-            *,
-            bytes_done: int | None = None,
-            bytes_total: int | None = None,
-            window_s: float | None = None,
-        ) -> None:
-            self.report(
-                Report(
-                    state,
-                    m.model,
-                    m.version,
-                    m.sequence,
-                    m.rollout_id,
-                    code,
-                    reason,
-                    progress,
-                    bytes_done,
-                    bytes_total,
-                    window_s,
-                )
-            )
-
-        def reject(exc: ProtocolError) -> None:
-            log.warning(
-                "update rejected",
-                extra={
-                    "model": m.model,
-                    "version": m.version,
-                    "code": exc.code.value,
-                    "reason": exc.message,
-                },
-            )
-            say(UpdateState.REJECTED, exc.code, exc.message)
-
-        self._drop_older_retries(m)
         if m.sequence in (ms.committed_sequence, ms.failed_sequence):
-            return  # a copy queued while this one was applied: already reported
+            return False  # a copy queued while this one was applied: already reported
         floor = ms.floor()
         if floor is not None and m.sequence < floor:  # a newer one was applied while this waited
-            say(
+            voice.say(
                 UpdateState.REJECTED,
                 Rejection.SUPERSEDED,
                 f"sequence {m.sequence} is not newer than {floor}",
             )
-            return
+            return False
         if (m.model, m.sequence) in self._retries or m.activate_after is not None:
             # verified on receipt, maybe long ago: a retry must not outlive the manifest
             try:
                 verify_window(m, datetime.now(UTC))
             except ProtocolError as exc:
-                reject(exc)
-                return
+                voice.reject(exc)
+                return False
+        return True
+
+    async def _to_active(
+        self, vm: VerifiedManifest, http: httpx.AsyncClient, voice: Announcer
+    ) -> Switched | None:
+        """Downloading, verified, staged, then the switch; None where the update stops first.
+
+        Raises:
+            ProtocolError: a step refused the update (:meth:`_refused` says what follows).
+        """
+        version_dir = await self._download(vm, http, voice)
+        if version_dir is None:
+            return None
+        staged = await self._stage(vm, version_dir, voice)
+        if staged is None:
+            return None
+        voice.say(UpdateState.STAGED)
+        self._switched.add(_key(vm))
+        stager = self.stagers.for_format(vm.variant.format)
+        previous = stager.activate(vm.manifest.model, staged)
+        return Switched(staged, previous, version_dir, stager)
+
+    async def _download(
+        self, vm: VerifiedManifest, http: httpx.AsyncClient, voice: Announcer
+    ) -> Path | None:
+        """Downloading to verified: the version's directory, or None when the update waits
+        for its maintenance window (queued again then) or was withdrawn meanwhile."""
+        m = vm.manifest
+        version_dir = await stage_update(
+            vm,
+            http,
+            self.store,
+            self.settings,
+            functools.partial(self._served, vm),
+            voice.say,
+        )
+        if self._withdrawn(vm):
+            self.settlement.remove_unless_kept(m)
+            return None  # withdrawn while it downloaded: reported then
+        wait_s = (m.activate_after - datetime.now(UTC)).total_seconds() if m.activate_after else 0
+        if wait_s > 0:  # downloaded ahead of its maintenance window: queued again then
+            self._later(vm, wait_s)
+            voice.say(UpdateState.VERIFIED, reason=f"switches at {m.activate_after}")
+            return None
+        voice.say(UpdateState.VERIFIED)
+        return version_dir
+
+    async def _stage(
+        self, vm: VerifiedManifest, version_dir: Path, voice: Announcer
+    ) -> Staged | None:
+        """Verified to staged: the version loaded and warm, or None when it failed its
+        self-test (rolled back), was withdrawn meanwhile, or is staged as a shadow."""
+        m = vm.manifest
+        stager = self.stagers.for_format(vm.variant.format)
         try:
-            version_dir = await stage_update(
-                vm,
-                http,
-                self.store,
-                self.settings,
-                functools.partial(self._served, m.model),
-                say,
+            staged: Staged = await stager.stage(m.model, m.version, version_dir, self._config(m))
+        except (LoadError, RuntimeFailure) as exc:
+            if "self-test" not in str(exc):
+                raise ProtocolError(Rejection.LOAD_FAILED, str(exc)) from exc
+            # It loaded, then failed its self-test: dropped, the previous version serves.
+            self.settlement.remove_unless_kept(m)
+            self.settlement.fail_sequence(m)
+            voice.say(UpdateState.ROLLED_BACK, Rejection.SELF_TEST_FAILED, str(exc))
+            return None
+        if self._withdrawn(vm):
+            stager.discard(m.model, staged, "withdrawn")
+            self.settlement.remove_unless_kept(m)
+            return None  # reported when withdrawn
+        if m.shadow is not None and not isinstance(staged, LoadedVersion):
+            # shadows compare output tensors of a batch; a generative version is judged by its
+            # token gates: refused rather than switched to without the shadow phase asked for
+            stager.discard(m.model, staged, "shadow stage refused")
+            raise ProtocolError(
+                Rejection.LOAD_FAILED,
+                "a shadow stage is for batch models; a generative version is rolled out and "
+                "judged by its token-latency gates",
             )
-            if self._withdrawn(vm):
-                self._remove_unless_kept(m)
-                return  # withdrawn while it downloaded: reported then
-            wait_s = (
-                (m.activate_after - datetime.now(UTC)).total_seconds() if m.activate_after else 0
+        if m.shadow is not None and self.shadows is not None and isinstance(staged, LoadedVersion):
+            # a batch model's candidate (shadows compare tensors, not text): loaded and warm
+            # next to what serves, no switch
+            self.shadows.start(m, staged)
+            share = m.shadow.sample_share
+            voice.say(UpdateState.STAGED, reason=f"shadow: {share:.0%} of requests copied to it")
+            return None
+        return staged
+
+    def _refused(self, vm: VerifiedManifest, exc: ProtocolError, voice: Announcer) -> None:
+        """A step before the switch refused the update: retried later if the fault passes
+        (downloading, with the reason), else rejected and its sequence failed."""
+        m = vm.manifest
+        if self._withdrawn(vm):
+            return  # its download was cut short by the withdrawal: reported then
+        if exc.code in TRANSIENT:
+            delay = self._retry_later(vm)
+            log.warning(
+                "update deferred",
+                extra={
+                    "model": m.model,
+                    "version": m.version,
+                    "code": exc.code.value,
+                    "reason": exc.message,
+                    "retry_in_s": delay,
+                },
             )
-            if wait_s > 0:  # downloaded ahead of its maintenance window: queued again then
-                self._later(vm, wait_s)
-                say(UpdateState.VERIFIED, reason=f"switches at {m.activate_after}")
-                return
-            say(UpdateState.VERIFIED)
-            config = self._config(m)
-            try:
-                staged = await self.manager.stage(m.model, m.version, version_dir, config)
-            except (LoadError, RuntimeFailure) as exc:
-                if "self-test" not in str(exc):
-                    raise ProtocolError(Rejection.LOAD_FAILED, str(exc)) from exc
-                # It loaded, then failed its self-test: dropped, the previous version serves.
-                self._remove_unless_kept(m)
-                ms.failed_sequence = m.sequence
-                self.files.save_state(self.state)
-                say(UpdateState.ROLLED_BACK, Rejection.SELF_TEST_FAILED, str(exc))
-                return
-            if self._withdrawn(vm):
-                self.manager.discard(m.model, staged, "withdrawn")
-                self._remove_unless_kept(m)
-                return  # reported when withdrawn
-            if m.shadow is not None and self.shadows is not None:
-                self.shadows.start(m, staged)  # loaded and warm next to what serves: no switch
-                share = m.shadow.sample_share
-                say(UpdateState.STAGED, reason=f"shadow: {share:.0%} of requests copied to it")
-                return
-            say(UpdateState.STAGED)
-            self._switched.add(_key(vm))
-            previous = self.manager.activate(m.model, staged)
-        except ProtocolError as exc:
-            if self._withdrawn(vm):
-                return  # its download was cut short by the withdrawal: reported then
-            if exc.code in TRANSIENT:
-                delay = self._retry_later(vm)
-                log.warning(
-                    "update deferred",
-                    extra={
-                        "model": m.model,
-                        "version": m.version,
-                        "code": exc.code.value,
-                        "reason": exc.message,
-                        "retry_in_s": delay,
-                    },
-                )
-                say(UpdateState.DOWNLOADING, exc.code, f"{exc.message}; retrying in {delay:.0f} s")
-                return
-            if exc.code == Rejection.LOAD_FAILED:
-                self._remove_unless_kept(m)
-            ms.failed_sequence = m.sequence
-            self.files.save_state(self.state)
-            reject(exc)
+            voice.say(
+                UpdateState.DOWNLOADING, exc.code, f"{exc.message}; retrying in {delay:.0f} s"
+            )
             return
+        if exc.code == Rejection.LOAD_FAILED:
+            self.settlement.remove_unless_kept(m)
+        self.settlement.fail_sequence(m)
+        voice.reject(exc)
+
+    async def _watch(self, vm: VerifiedManifest, switched: Switched, voice: Announcer) -> None:
+        """Active: the health window, then committed, or rolled back to what served before."""
+        m = vm.manifest
         try:
-            say(UpdateState.ACTIVE, window_s=m.health.window_s)
-            verdict = await self._health_window(m.health, staged, previous, version_dir)
+            voice.say(UpdateState.ACTIVE, window_s=m.health.window_s)
+            verdict = await self._verdict(m, switched)
             if verdict is None:
-                self._commit(m, previous)
+                self.settlement.commit(m, switched.previous, switched.stager)
         except Exception as exc:
             # After the switch and before the commit: what served before must serve again,
             # else the new version serves uncommitted, the previous ones stay loaded and
             # every redelivery repeats this.
-            self._switch_back(vm, previous, staged, exc)
+            self.settlement.switch_back(
+                vm, switched.previous, switched.staged, exc, switched.stager
+            )
             return
         if verdict is not None:
-            self.manager.restore(m.model, previous, staged, verdict)
-            ms.failed_sequence = m.sequence
-            self.files.save_state(self.state)
-            if m.version not in previous:
-                self._remove_unless_kept(m)
-            log.warning(
-                "update rolled back",
-                extra={"model": m.model, "version": m.version, "reason": verdict},
+            self.settlement.roll_back(
+                m, switched.previous, switched.staged, verdict, switched.stager
             )
-            say(UpdateState.ROLLED_BACK, Rejection.HEALTH_CHECK_FAILED, verdict)
-            self.on_change()
             return
-        say(UpdateState.COMMITTED)
+        voice.say(UpdateState.COMMITTED)
         self.on_change()
 
-    def _served(self, model: str) -> list[int]:
-        entry = self.manager.models.get(model)
-        return sorted(entry.served) if entry else []
+    @staticmethod
+    async def _verdict(m: ModelManifest, switched: Switched) -> str | None:
+        """The health window's verdict on the switched version, then its golden sample's."""
+        window = HealthWindow.opening(
+            m.health,
+            switched.staged.stats,
+            [lv.stats for lv in switched.previous.values()],
+            time.monotonic(),
+        )
+        verdict = await window.watch()
+        if verdict is None:
+            verdict = await switched.stager.self_test(
+                m.health, switched.staged, switched.version_dir
+            )
+        return verdict
+
+    def _served(self, vm: VerifiedManifest) -> list[int]:
+        model = vm.manifest.model
+        return self.stagers.for_format(vm.variant.format).served_versions(model)
 
     @staticmethod
     def _config(m: ModelManifest) -> ModelConfig:

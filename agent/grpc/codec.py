@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from agent.api.v2_codec import classify  # the REST codec's, so both rank alike
 from agent.errors import RequestError
 from agent.grpc.proto import grpc_service_pb2 as pb
+from agent.serving.classification import classify  # REST's too, so both rank alike
 from agent.shm import tensors
 from agent.shm.regions import Lease
 from agent.shm.tensors import bytes_elements, to_raw
@@ -202,27 +202,27 @@ def encode(
     specs: list[OutputSpec] | None,
     lease: Lease,
 ) -> pb.ModelInferResponse:
-    """The response; outputs asked for in a region are written there."""
+    """The response; outputs asked for in a region are written there. As Triton's server
+    does, every output has its entry in ``raw_output_contents``, in order, empty for one in a
+    region: Triton's C++ client indexes that list by output (and crashed without them)."""
     response = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
     wanted = specs or [OutputSpec(name) for name in outputs]
-    in_regions = []
+    arrays = []
     for spec in wanted:
         array = outputs[spec.name]
-        if spec.classification:
-            array = classify(array, spec.classification)
-        if spec.region is not None:
-            in_regions.append((spec, array))
-            continue
-        datatype = from_numpy(array.dtype)
-        response.outputs.add(name=spec.name, datatype=datatype, shape=array.shape)
-        response.raw_output_contents.append(to_raw(array, datatype))
+        arrays.append(classify(array, spec.classification) if spec.classification else array)
     lease.check()  # a region taken away while the request ran fails it, inputs' too
-    for spec, array in in_regions:
-        assert spec.region is not None
+    for spec, array in zip(wanted, arrays, strict=True):
+        if spec.region is None:
+            datatype = from_numpy(array.dtype)
+            response.outputs.add(name=spec.name, datatype=datatype, shape=array.shape)
+            response.raw_output_contents.append(to_raw(array, datatype))
+            continue
         datatype, size = tensors.write(lease, spec.region, array)
         tensor = response.outputs.add(name=spec.name, datatype=datatype, shape=array.shape)
         tensor.parameters[tensors.REGION].string_param = spec.region.name
         tensor.parameters[tensors.BYTE_SIZE].int64_param = size
         if spec.region.offset:
             tensor.parameters[tensors.OFFSET].int64_param = spec.region.offset
+        response.raw_output_contents.append(b"")
     return response

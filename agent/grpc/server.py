@@ -19,10 +19,10 @@ import grpc
 from google.protobuf.message import DecodeError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agent.api.access import ApiKeys, RateLimiter
-from agent.api.state import ApiState
 from agent.grpc.proto import grpc_service_pb2 as pb
 from agent.grpc.servicer import Servicer
+from agent.serving.access import ApiKeys, RateLimiter
+from agent.serving.state import ServingState
 from agent.shm.regions import SharedMemoryRegistry
 
 log = logging.getLogger("edgefleet.agent.grpc")
@@ -31,7 +31,7 @@ log = logging.getLogger("edgefleet.agent.grpc")
 class GrpcServer:
     """The gRPC endpoint of one agent; :attr:`port` is known once started."""
 
-    def __init__(self, state: ApiState, registry: SharedMemoryRegistry) -> None:
+    def __init__(self, state: ServingState, registry: SharedMemoryRegistry) -> None:
         self.state = state
         self.registry = registry
         self.port: int | None = None
@@ -48,11 +48,7 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
             ],
         )
-        limiter = (
-            RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
-            if settings.rate_limit_per_s is not None
-            else None
-        )
+        limiter = RateLimiter.from_settings(settings.rate_limit_per_s, settings.rate_limit_burst)
         keys = ApiKeys.from_settings(settings.api_key, settings.api_keys_file)
         servicer = Servicer(self.state, self.registry, keys, limiter)
         server.add_generic_rpc_handlers((handlers(servicer),))

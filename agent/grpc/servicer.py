@@ -13,15 +13,12 @@ import logging
 import random
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import json_format
 
-from agent.api.access import ApiKeys, RateLimiter
-from agent.api.state import ApiState
-from agent.api.v2 import EXTENSIONS
 from agent.errors import ModelNotFoundError, ModelNotReadyError, RequestError
 from agent.grpc import codec, status
 from agent.grpc.proto import grpc_service_pb2 as pb
@@ -29,13 +26,21 @@ from agent.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 from agent.grpc.proto import model_config_pb2 as mc
 from agent.inference.service import InferRequest
 from agent.inference.versions import LoadedVersion
-from agent.shm.regions import SharedMemoryRegistry
+from agent.serving.access import ApiKeys, RateLimiter
+from agent.serving.failures import FailureLog
+from agent.serving.metadata import EXTENSIONS, SERVER_NAME
+from agent.serving.state import ServingState
+from agent.serving.triton_config import triton_config
+from agent.shm.regions import CUDA_UNSUPPORTED, SharedMemoryError, SharedMemoryRegistry
+from agent.tracing import RequestSpan
 from common import __version__
 
 log = logging.getLogger("edgefleet.agent.grpc")
+FAILURES = FailureLog(log)
 access = logging.getLogger("edgefleet.agent.access")
 Context = grpc.aio.ServicerContext[Any, Any]
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_SERVICE = "inference.GRPCInferenceService"
 """A request id a client may choose (``x-request-id`` metadata), as REST takes it."""
 _STREAM_DEPTH = 64
 """Requests of one stream queued or running at once; the stream reads no more until one is
@@ -45,7 +50,7 @@ answered (flow control reaches the client)."""
 class Servicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(
         self,
-        state: ApiState,
+        state: ServingState,
         registry: SharedMemoryRegistry,
         keys: ApiKeys | None,
         limiter: RateLimiter | None,
@@ -63,9 +68,18 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         trailing metadata); raises (aborts the RPC) for a missing key or an empty bucket.
         Without keys, rate limit and access log nothing reads it: the metadata is left alone
         and the id is empty."""
+        request_id, _ = await self._admit_client(context, probe, take=True)
+        return request_id
+
+    async def _admit_client(
+        self, context: Context, probe: str = "", *, take: bool
+    ) -> tuple[str, str]:
+        """:meth:`_admit`, and the client the rate limit counts (its key, else its peer);
+        ``take=False`` checks the key only, for a stream whose every request takes a token."""
         if self.keys is None and self.limiter is None and not self.state.settings.access_log:
-            return ""  # nothing reads the metadata: not even built (it costs on every call)
+            return "", ""  # nothing reads the metadata: not even built (it costs on every call)
         metadata = {k.encode(): v for k, v in context.invocation_metadata() or ()}
+        client = ""
         try:
             if self.keys is not None or self.limiter is not None:
                 headers = {
@@ -75,7 +89,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
                 # the health RPCs are open where REST's probes are (api_key_open_paths)
                 if self.keys is not None and probe not in self._open_paths:
                     client = self.keys.client(headers)
-                if self.limiter is not None:
+                if self.limiter is not None and take:
                     self.limiter.take(client)
         except Exception as exc:
             await self._abort(context, exc)
@@ -84,12 +98,13 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
             request_id = f"{random.getrandbits(128):032x}"  # as REST makes them
         # in the trailers, as REST answers the header: no extra frame on the wire
         context.set_trailing_metadata((("x-request-id", request_id),))
-        return request_id
+        return request_id, client
 
     async def _abort(self, context: Context, exc: Exception) -> NoReturn:
         code = status.code_of(exc)
+        if code in (None, grpc.StatusCode.INTERNAL):  # a server fault: logged, in one line
+            FAILURES.failed("gRPC request failed", exc)
         if code is None:
-            log.error("gRPC request failed", exc_info=exc)
             await context.abort(grpc.StatusCode.INTERNAL, "internal error")
         status.count_refusal(self.state.metrics, exc)
         await context.abort(code, str(exc))
@@ -116,7 +131,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Context) -> Any:
         await self._admit(context)
         return pb.ServerMetadataResponse(
-            name="edgefleet", version=__version__, extensions=EXTENSIONS
+            name=SERVER_NAME, version=__version__, extensions=EXTENSIONS
         )
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Context) -> Any:
@@ -149,7 +164,8 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
             lv = self.state.service.resolve(request.name, request.version or None)
         except Exception as exc:
             await self._abort(context, exc)
-        return pb.ModelConfigResponse(config=_model_config(lv))
+        served = sorted(self.state.manager.models[lv.model].served)
+        return pb.ModelConfigResponse(config=_model_config(lv, served))
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Context) -> Any:
         await self._admit(context)
@@ -249,21 +265,71 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         self.registry.unregister(request.name or None)
         return pb.SystemSharedMemoryUnregisterResponse()
 
+    # -- CUDA shared memory: as a Triton without a GPU answers (perf_analyzer unregisters
+    # CUDA regions at the end of every shared-memory run)
+
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: Context
+    ) -> Any:
+        await self._admit(context)
+        if request.name:
+            await self._abort(
+                context,
+                SharedMemoryError(
+                    f"no CUDA shared memory region named {request.name!r}: {CUDA_UNSUPPORTED}",
+                    field="name",
+                ),
+            )
+        return pb.CudaSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: Context
+    ) -> Any:
+        await self._admit(context)
+        await self._abort(
+            context, SharedMemoryError(f"{request.name}: {CUDA_UNSUPPORTED}", field="name")
+        )
+
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Context
+    ) -> Any:
+        await self._admit(context)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
     # -- inference -----------------------------------------------------------------------
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> Any:
+        span = self._span(context, "ModelInfer")
         request_id = await self._admit(context)
         try:
-            return await self._infer(request, request_id)
+            response = await self._infer(request, request_id, span)
         except Exception as exc:
+            if span is not None:
+                code = status.code_of(exc) or grpc.StatusCode.INTERNAL
+                span.end({"rpc.grpc.status_code": code.value[0]}, error=str(exc))
             await self._abort(context, exc)
+        if span is not None:
+            span.end({"rpc.grpc.status_code": 0, "edgefleet.request_id": request_id})
+        return response
+
+    def _span(self, context: Context, method: str) -> RequestSpan | None:
+        """The RPC's server span where tracing is on, the child of the caller's
+        ``traceparent`` metadata."""
+        tracing = self.state.tracing
+        if tracing is None:
+            return None
+        traceparent = dict(context.invocation_metadata() or ()).get("traceparent")
+        attributes = {"rpc.system": "grpc", "rpc.service": _SERVICE, "rpc.method": method}
+        parent = traceparent if isinstance(traceparent, str) else None
+        return tracing.start(f"{_SERVICE}/{method}", parent, attributes)
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Context
     ) -> None:
         """Requests are started as they arrive and answered in their order; a request's
-        failure is its answer's ``error_message``, the stream goes on."""
-        request_id = await self._admit(context)
+        failure is its answer's ``error_message``, the stream goes on. Each request takes a
+        token of the rate limit, as a unary call does; one refused is answered so."""
+        request_id, client = await self._admit_client(context, take=False)
         pending: asyncio.Queue[asyncio.Task[pb.ModelInferResponse] | None] = asyncio.Queue(
             _STREAM_DEPTH
         )
@@ -271,7 +337,10 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         async def read() -> None:
             try:
                 async for request in requests:
-                    task = asyncio.create_task(self._infer(request, request_id), name="grpc-stream")
+                    infer = self._infer(request, request_id)
+                    if self.limiter is not None:
+                        infer = self._limited(infer, client)
+                    task = asyncio.create_task(infer, name="grpc-stream")
                     await pending.put(task)
             finally:
                 await pending.put(None)  # the end, or a failure (``await reader`` raises it)
@@ -284,8 +353,8 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
                 try:
                     answer = pb.ModelStreamInferResponse(infer_response=await task)
                 except Exception as exc:
-                    if status.code_of(exc) is None:
-                        log.error("gRPC stream request failed", exc_info=exc)
+                    if status.code_of(exc) in (None, grpc.StatusCode.INTERNAL):
+                        FAILURES.failed("gRPC stream request failed", exc)
                     answer = pb.ModelStreamInferResponse(error_message=str(exc))
                 started.pop()
                 await context.write(answer)
@@ -300,7 +369,20 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
             await asyncio.gather(reader, *started, return_exceptions=True)
 
-    async def _infer(self, request: pb.ModelInferRequest, request_id: str) -> Any:
+    async def _limited(self, infer: Coroutine[Any, Any, Any], client: str) -> Any:
+        """``infer`` once the client's bucket gives a token; the refusal otherwise."""
+        assert self.limiter is not None
+        try:
+            self.limiter.take(client)
+        except Exception as exc:
+            infer.close()  # never started
+            status.count_refusal(self.state.metrics, exc)
+            raise
+        return await infer
+
+    async def _infer(
+        self, request: pb.ModelInferRequest, request_id: str, span: RequestSpan | None = None
+    ) -> Any:
         started = time.monotonic()
         service = self.state.service
         settings = self.state.settings
@@ -324,6 +406,9 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
             )
         finally:
             lease.release()
+        if span is not None:
+            timing = (result.queue_s, result.compute_s, time.monotonic(), result.batch_rows)
+            span.served(result.model, result.version, lv.placement, timing)
         if settings.access_log:
             access.info(
                 "grpc ModelInfer",
@@ -339,26 +424,6 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
 
-def _model_config(lv: LoadedVersion) -> mc.ModelConfig:
-    """Triton's view of a served version: dims leave the batch dimension out when batched."""
-    batched = lv.batcher.batched
-
-    def dims(shape: Any) -> list[int]:
-        return list(shape)[1:] if batched else list(shape)
-
-    def data_type(datatype: str) -> Any:
-        return mc.DataType.Value("TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}")
-
-    return mc.ModelConfig(
-        name=lv.model,
-        platform=lv.platform,
-        max_batch_size=lv.batcher.max_rows if batched else 0,
-        input=[
-            mc.ModelInput(name=t.name, data_type=data_type(t.datatype), dims=dims(t.shape))
-            for t in lv.signature.inputs
-        ],
-        output=[
-            mc.ModelOutput(name=t.name, data_type=data_type(t.datatype), dims=dims(t.shape))
-            for t in lv.signature.outputs
-        ],
-    )
+def _model_config(lv: LoadedVersion, served: list[int]) -> mc.ModelConfig:
+    """Triton's view of a served version, the document REST's config answers."""
+    return json_format.ParseDict(triton_config(lv, served), mc.ModelConfig())

@@ -1,4 +1,4 @@
-"""Domain errors -> gRPC status codes: one table, as ``agent/api/errors.py`` is for HTTP.
+"""Domain errors -> gRPC status codes: one table, as the REST front end holds one for HTTP.
 
 NOTE: codes as Triton's (src/grpc/grpc_utils.cc): a malformed request is INVALID_ARGUMENT,
 an unknown model NOT_FOUND, a model or server that cannot take it now UNAVAILABLE.
@@ -9,8 +9,9 @@ from __future__ import annotations
 import grpc
 
 from agent import errors as agent_errors
-from agent.api.errors import REFUSALS
 from agent.metrics import AgentMetrics
+from agent.pipelines import errors as pipeline_errors
+from agent.serving.errors import refusal_reason
 from agent.shm import regions
 from common.model_config import ModelConfigError
 from runtimes import errors as runtime_errors
@@ -35,6 +36,13 @@ CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (runtime_errors.DeviceUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (runtime_errors.InferenceFailedError, grpc.StatusCode.INTERNAL),
     (runtime_errors.RuntimeFailure, grpc.StatusCode.INVALID_ARGUMENT),
+    # a pipeline's steps, as REST answers them (400, 413, 503, 422, 502, 504)
+    (pipeline_errors.StepInputError, grpc.StatusCode.INVALID_ARGUMENT),
+    (pipeline_errors.ImageTooLargeError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (pipeline_errors.DecodeBusyError, grpc.StatusCode.UNAVAILABLE),
+    (pipeline_errors.StepFailedError, grpc.StatusCode.INVALID_ARGUMENT),
+    (pipeline_errors.StepCrashedError, grpc.StatusCode.INTERNAL),
+    (pipeline_errors.StepTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
 )
 
 
@@ -48,7 +56,6 @@ def code_of(exc: Exception) -> grpc.StatusCode | None:
 
 def count_refusal(metrics: AgentMetrics, exc: Exception) -> None:
     """Count ``exc`` in ``edgefleet_requests_refused_total`` if it turns a request away."""
-    for cls, reason in REFUSALS:
-        if isinstance(exc, cls):
-            metrics.count_refusal(reason)
-            return
+    reason = refusal_reason(exc)
+    if reason is not None:
+        metrics.count_refusal(reason)

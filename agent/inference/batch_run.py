@@ -23,7 +23,13 @@ class ItemResult:
     outputs: Arrays
     queue_s: float
     compute_s: float
+    """The whole batch's time in its instance: stacking, the run and the split."""
     batch_rows: int
+    input_s: float = 0.0
+    """Of ``compute_s``, stacking the requests' inputs into the batch (Triton's
+    ``compute_input``)."""
+    output_s: float = 0.0
+    """Of ``compute_s``, splitting the outputs by request (Triton's ``compute_output``)."""
 
 
 def joined(
@@ -57,6 +63,8 @@ def joined(
                     queue_s=max(r.queue_s for r in results),
                     compute_s=sum(r.compute_s for r in results),
                     batch_rows=max(r.batch_rows for r in results),
+                    input_s=sum(r.input_s for r in results),
+                    output_s=sum(r.output_s for r in results),
                 )
             )
 
@@ -88,7 +96,12 @@ class Ran:
     results: list[Arrays | RuntimeFailure]
     """Per request, in order: its outputs or its error."""
     runs: list[tuple[int, float]]
-    """(rows, seconds) of every execution: one, or one more per request after a failure."""
+    """(rows, seconds in the backend) of every execution: one, or one more per request after
+    a failure."""
+    input_s: float = 0.0
+    """Seconds spent stacking the requests' inputs (0 for one request: nothing is copied)."""
+    output_s: float = 0.0
+    """Seconds spent splitting the outputs by request."""
 
 
 def run_batch(name: str, runtime: Runtime, parts: list[Arrays], rows: list[int]) -> Ran:
@@ -105,21 +118,24 @@ def run_batch(name: str, runtime: Runtime, parts: list[Arrays], rows: list[int])
         result = _run_one(name, runtime, parts[0])
         return Ran([result], [(rows[0], time.monotonic() - started)])
     stacked = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    ran_from = time.monotonic()
     batch = _run_one(name, runtime, stacked)
+    ran_until = time.monotonic()
+    runs = [(sum(rows), ran_until - ran_from)]
+    input_s = ran_from - started
     if not isinstance(batch, RuntimeFailure):
         try:  # outputs that cannot be split by rows: each request runs alone, below
             check_rows(name, batch, sum(rows))
         except InferenceFailedError as exc:
             batch = exc
-    runs = [(sum(rows), time.monotonic() - started)]
     if not isinstance(batch, RuntimeFailure):
         offsets = np.cumsum([0, *rows])
         split: list[Arrays | RuntimeFailure] = [
             {k: v[offsets[i] : offsets[i + 1]] for k, v in batch.items()} for i in range(len(parts))
         ]
-        return Ran(split, runs)
+        return Ran(split, runs, input_s, time.monotonic() - ran_until)
     if not isinstance(batch, _DATA_FAILURES):
-        return Ran([batch] * len(parts), runs)
+        return Ran([batch] * len(parts), runs, input_s)
     results: list[Arrays | RuntimeFailure] = []
     for part, part_rows in zip(parts, rows, strict=True):
         started = time.monotonic()
@@ -129,7 +145,7 @@ def run_batch(name: str, runtime: Runtime, parts: list[Arrays], rows: list[int])
         if isinstance(result, RuntimeFailure) and not isinstance(result, _DATA_FAILURES):
             results.extend([result] * (len(parts) - len(results)))  # the instance is gone
             break
-    return Ran(results, runs)
+    return Ran(results, runs, input_s)
 
 
 def _run_one(name: str, runtime: Runtime, inputs: Arrays) -> Arrays | RuntimeFailure:

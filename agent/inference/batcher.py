@@ -7,7 +7,9 @@ full or of a preferred size, or once the oldest request has waited ``max_queue_d
 otherwise the scheduler waits for more. Batches form only when an instance is free, so under
 load they grow by themselves (Triton forms batches the same way).
 
-How batches form and balance: :mod:`agent.inference.batch_forming`.
+How batches form and balance: the batcher's :class:`~agent.inference.batch_former.BatchFormer`,
+which holds the queues and the batches out; the batcher holds the threads, the event loop's
+timer and the answers.
 
 Each instance has a thread of its own; formed batches go to a queue the threads share, and
 the first free thread takes the next. Besides one batch per instance, one full batch (a request,
@@ -39,16 +41,7 @@ from collections.abc import Callable, Sequence
 from queue import SimpleQueue
 
 from agent.errors import OverloadedError, ShuttingDownError
-from agent.inference.batch_forming import (
-    _QUEUED,
-    _STARTED,
-    _WITHDRAWN,
-    Arrays,
-    BatchForming,
-    _Batch,
-    _Item,
-    shape_key,
-)
+from agent.inference.batch_former import Arrays, Batch, BatchFormer, Item, shape_key
 from agent.inference.batch_run import ItemResult, Ran, joined, run_batch
 from agent.inference.priority import lower_this_thread
 from common.model_config import BatchingConfig
@@ -74,11 +67,12 @@ MAX_SHAPES_TIMED = 64
 log = logging.getLogger("edgefleet.agent.batcher")
 
 
-BatchObserver = Callable[[int, float], None]
-"""Called after every executed batch with (rows, compute seconds)."""
+BatchObserver = Callable[[int, float, float, float], None]
+"""Called after every executed batch with (rows, seconds in the backend, seconds stacking its
+inputs, seconds splitting its outputs)."""
 
 
-class Batcher(BatchForming):
+class Batcher:
     def __init__(
         self,
         name: str,
@@ -96,46 +90,33 @@ class Batcher(BatchForming):
         queued or running (0: never)."""
         self.name = name
         self.config = config
-        self.batched = batched and config.max_batch_size > 0
-        self.max_rows = config.max_batch_size if self.batched else 1
         self._runtimes = list(runtimes)
+        self.former = BatchFormer(
+            name,
+            config,
+            batched=batched,
+            instances=len(self._runtimes),
+            slots=len(self._runtimes) + QUEUED_BATCHES,
+        )
+        """The queues and the batches out, and the decisions over them."""
+        self.batched = self.former.batched
+        self.max_rows = self.former.max_rows
         self._nice_offset = nice_offset
-        self._work: SimpleQueue[_Batch | None] = SimpleQueue()
-        self._claim = threading.Lock()
+        self._work: SimpleQueue[Batch | None] = SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._observer = observer
-        self._queues: list[list[_Item]] = [[] for _ in range(config.priority_levels)]
-        self._pending = 0
-        self._dispatched: list[_Batch] = []
-        """Batches handed to the threads and not answered yet, in the order they were."""
-        self._ran_early: set[_Batch] = set()
-        """With ``preserve_ordering``: batches run, waiting for an earlier one to finish."""
-        self._busy = 0
-        """Batches handed to the threads and not run yet."""
-        self._slots = len(self._runtimes) + QUEUED_BATCHES
         self._poked = False
         """A scheduling pass is due in this turn of the event loop (:meth:`_poke`)."""
         self._wake: asyncio.TimerHandle | None = None
         """The next pass nothing else would start: a batching delay, a hold, a deadline."""
         self._wake_at = 0.0
         """When ``_wake`` is due (``time.monotonic``; the loop's own clock may differ)."""
-        self._timed = 0
-        """Requests with a queue deadline and no answer yet: while there are none, a pass looks
-        for neither expired requests nor the next deadline."""
-        self._gone = False
-        """A request was given up since the last pass: a pass drops what was."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._all_answered = asyncio.Event()
         self._all_answered.set()
         self._closed = False
-        # Smoothed cost of a batch, for an honest Retry-After.
-        self._batch_s = 0.01
-        self._rows_per_batch = 1.0
-        self._last_rows = 0
-        self._hold_until: float | None = None
-        self._hold_rows = 0
         self._rerun_batches = 0
         self._inline_max_s = inline_max_s
         self._alone_s: dict[tuple[object, ...], float] = {}
@@ -164,13 +145,9 @@ class Batcher(BatchForming):
         if self._wake is not None:
             self._wake.cancel()
             self._wake = None
-        self._withdraw()  # batches no thread has started fail as waiting requests do
-        for queue in self._queues:
-            for item in queue:
-                if not item.future.done():
-                    item.future.set_exception(ShuttingDownError(f"{self.name} was unloaded"))
-            queue.clear()
-        self._pending = 0
+        # batches no thread has started fail as waiting requests do
+        self.former.fail_queued(lambda: ShuttingDownError(f"{self.name} was unloaded"))
+        self._update_answered()
         await self._all_answered.wait()  # a batch a thread has started runs to its end
         if self._threads:
             for _ in self._threads:  # each thread closes its runtime after its last batch
@@ -183,16 +160,12 @@ class Batcher(BatchForming):
     @property
     def pending(self) -> int:
         """Requests waiting: queued, or in a batch no thread has started."""
-        waiting = self._pending
-        for batch in self._dispatched:
-            if batch.state == _QUEUED:
-                waiting += len(batch.items)
-        return waiting
+        return self.former.pending
 
     @property
     def running(self) -> int:
         """Batches started and not answered yet."""
-        return sum(1 for b in self._dispatched if b.state == _STARTED)
+        return self.former.running
 
     @property
     def rerun_batches(self) -> int:
@@ -219,7 +192,7 @@ class Batcher(BatchForming):
         self._given_up()
 
     def _given_up(self) -> None:
-        self._gone = True
+        self.former.given_up()
         self._poke()
 
     def submit(
@@ -252,7 +225,7 @@ class Batcher(BatchForming):
             raise self._overloaded()
         now = time.monotonic()
         assert self._loop is not None, "start() the batcher first"
-        item = _Item(
+        item = Item(
             inputs,
             rows,
             shape_key(inputs, self.batched),
@@ -261,31 +234,80 @@ class Batcher(BatchForming):
             now,
             self._loop.create_future(),
         )
-        if item.deadline is not None:
-            self._timed += 1
-            item.future.add_done_callback(self._untimed)
-        self._queues[priority - 1].append(item)
-        self._pending += 1
-        if len(self._queues) > 1 and any(
-            b.state == _QUEUED and any(i.priority > priority for i in b.items)
-            for b in self._dispatched
-        ):
-            self._withdraw()  # this request goes first
+        self.former.enqueue(item)
+        self._update_answered()  # it may have taken back a batch of a lower priority
         self._idle.clear()
         self._poke()
         return item.future
 
-    def _untimed(self, _: asyncio.Future[ItemResult]) -> None:
-        self._timed -= 1
-
     def _overloaded(self) -> OverloadedError:
-        rows_per_s = len(self._runtimes) * self._rows_per_batch / max(self._batch_s, 1e-6)
-        queued_rows = sum(i.rows for q in self._queues for i in q)
-        retry = max(1, math.ceil(queued_rows / max(rows_per_s, 1e-6)))
         return OverloadedError(
             f"model {self.name}: queue is full ({self.config.max_queue_size} requests waiting)",
-            retry_after_s=retry,
+            retry_after_s=self.former.retry_after_s(),
         )
+
+    # -- scheduling -----------------------------------------------------------------------
+
+    def _poke(self) -> None:
+        """Have a scheduling pass run soon, once however many requests come in this turn of the
+        event loop (:meth:`_pass`), so that those read together can batch together."""
+        if not self._poked and self._loop is not None:
+            self._poked = True
+            self._loop.call_soon(self._pass)
+
+    def _pass(self) -> None:
+        """Expire, form batches while an instance (or the queue behind them) is free, and
+        arm a timer for the next thing that must happen without a request or a finished
+        batch to prompt it: a batching delay, a hold, a queue deadline."""
+        self._poked = False
+        if self._closed:
+            return
+        now = time.monotonic()
+        self.former.expire(now)
+        self._update_answered()
+        while self.former.has_room and (items := self.former.form(now)) is not None:
+            self._dispatch(items)
+        self._update_idle()
+        wake_at = self.former.next_wake()
+        if self._wake is not None:
+            if wake_at == self._wake_at:
+                return
+            self._wake.cancel()
+            self._wake = None
+        if wake_at is not None:
+            assert self._loop is not None  # poked
+            self._wake = self._loop.call_later(max(wake_at - now, 0), self._woken)
+            self._wake_at = wake_at
+
+    def _woken(self) -> None:
+        self._wake = None
+        self._pass()
+
+    def _dispatch(self, items: list[Item]) -> None:
+        """Hand the batch to the instances' threads: the first one free takes it; a lone
+        request of a model of microseconds runs on the event loop instead."""
+        batch = self.former.batch_of(items)
+        if batch is None:
+            return
+        if (
+            len(items) == 1  # without batching, every time
+            and self.former.busy == 0
+            and self.former.queued == 0
+            and self._alone_s.get(items[0].key, math.inf) < self._inline_max_s
+        ):
+            self._run_inline(batch)
+            return
+        self.former.hand_out(batch)
+        self._all_answered.clear()
+        self._work.put(batch)
+
+    def _update_idle(self) -> None:
+        if self.former.idle:
+            self._idle.set()
+
+    def _update_answered(self) -> None:
+        if self.former.all_answered:
+            self._all_answered.set()
 
     # -- execution ------------------------------------------------------------------------
 
@@ -295,24 +317,9 @@ class Batcher(BatchForming):
         queued at once, without waiting for the loop."""
         lower_this_thread(self._nice_offset)
         while (batch := self._work.get()) is not None:
-            with self._claim:
-                if batch.state == _WITHDRAWN:
-                    continue
-                batch.state = _STARTED
-            batch.started = time.monotonic()
-            try:
-                batch.ran = run_batch(
-                    self.name,
-                    runtime,
-                    [i.inputs for i in batch.items],
-                    [i.rows for i in batch.items],
-                )
-            except Exception as exc:  # run_batch answers every error; this is a bug of ours
-                error = InferenceFailedError(f"{self.name}: {exc!r}")
-                batch.ran = Ran(
-                    [error] * len(batch.items), [(batch.rows, time.monotonic() - batch.started)]
-                )
-            batch.compute_s = time.monotonic() - batch.started
+            if not self.former.claim(batch):
+                continue
+            self._run(batch, runtime)
             assert self._loop is not None
             try:
                 self._loop.call_soon_threadsafe(self._finished, batch)
@@ -323,63 +330,59 @@ class Batcher(BatchForming):
         except Exception as exc:  # a backend failing to close must not end the thread silently
             log.warning("an inference instance did not close", extra={"error": repr(exc)})
 
-    def _run_inline(self, batch: _Batch) -> None:
-        """Run a lone request on the event loop: for a model of microseconds, the hand-off to
-        a thread and back (two wake-ups) costs more than the model."""
-        self._dispatched.append(batch)
-        self._busy += 1
-        self._all_answered.clear()
-        batch.state = _STARTED
+    def _run(self, batch: Batch, runtime: Runtime) -> None:
         batch.started = time.monotonic()
         try:
             batch.ran = run_batch(
-                self.name, self._runtimes[0], [batch.items[0].inputs], [batch.rows]
+                self.name, runtime, [i.inputs for i in batch.items], [i.rows for i in batch.items]
             )
         except Exception as exc:  # run_batch answers every error; this is a bug of ours
             error = InferenceFailedError(f"{self.name}: {exc!r}")
-            batch.ran = Ran([error], [(batch.rows, time.monotonic() - batch.started)])
+            batch.ran = Ran(
+                [error] * len(batch.items), [(batch.rows, time.monotonic() - batch.started)]
+            )
         batch.compute_s = time.monotonic() - batch.started
+
+    def _run_inline(self, batch: Batch) -> None:
+        """Run a lone request on the event loop: for a model of microseconds, the hand-off to
+        a thread and back (two wake-ups) costs more than the model."""
+        self.former.hand_out(batch)
+        self.former.claim(batch)
+        self._all_answered.clear()
+        self._run(batch, self._runtimes[0])
         self._finished(batch)
 
-    def _finished(self, batch: _Batch) -> None:
+    def _finished(self, batch: Batch) -> None:
         """A thread ran ``batch``: the next one starts before its answers are written, which
         go out in dispatch order with ``preserve_ordering``."""
-        self._busy -= 1
         ran = batch.ran
         assert ran is not None
-        self._last_rows = batch.rows
-        self._learn(batch.rows, batch.compute_s)
+        self.former.ran(batch)
         if self._inline_max_s and len(batch.items) == 1:
             self._learn_alone(batch.items[0].key, batch.compute_s)
         if len(ran.runs) > 1:
             self._rerun_batches += 1
         if self._observer is not None:
+            copies = (ran.input_s, ran.output_s)
             for run_rows, run_s in ran.runs:  # a batch run again counts every execution
-                self._observer(run_rows, run_s)
+                self._observer(run_rows, run_s, *copies)
+                copies = (0.0, 0.0)  # the runs alone copy nothing
         self._start_next()  # before the answers: the instance is free now
-        if self.config.preserve_ordering:
-            self._ran_early.add(batch)
-            while self._dispatched and self._dispatched[0] in self._ran_early:
-                first = self._dispatched.pop(0)
-                self._ran_early.discard(first)
-                self._deliver(first)
-        else:
-            self._dispatched.remove(batch)
-            self._deliver(batch)
-        if not self._dispatched:
-            self._all_answered.set()
+        for answered in self.former.answered(batch):
+            self._deliver(answered)
+        self._update_answered()
         self._update_idle()
-        if self._pending:  # a hold to time, another batch to form
+        if self.former.queued:  # a hold to time, another batch to form
             self._poke()
 
     def _start_next(self) -> None:
-        if self._closed or self._busy >= self._slots:
+        if self._closed or not self.former.has_room:
             return
-        batch = self._form_batch(time.monotonic())
-        if batch is not None:
-            self._dispatch(batch)
+        items = self.former.form(time.monotonic())
+        if items is not None:
+            self._dispatch(items)
 
-    def _deliver(self, batch: _Batch) -> None:
+    def _deliver(self, batch: Batch) -> None:
         ran = batch.ran
         assert ran is not None
         alone = len(ran.runs) > 1  # run again one by one: each request's batch was itself
@@ -391,7 +394,14 @@ class Batcher(BatchForming):
                 continue
             batch_rows = item.rows if alone else batch.rows
             item.future.set_result(
-                ItemResult(result, batch.started - item.enqueued, batch.compute_s, batch_rows)
+                ItemResult(
+                    result,
+                    batch.started - item.enqueued,
+                    batch.compute_s,
+                    batch_rows,
+                    ran.input_s,
+                    ran.output_s,
+                )
             )
 
     def _learn_alone(self, key: tuple[object, ...], compute_s: float) -> None:
@@ -399,7 +409,3 @@ class Batcher(BatchForming):
         if known is None and len(self._alone_s) >= MAX_SHAPES_TIMED:
             self._alone_s.clear()  # dynamic shapes without end: start again
         self._alone_s[key] = compute_s if known is None else known + 0.2 * (compute_s - known)
-
-    def _learn(self, rows: int, compute_s: float) -> None:
-        self._batch_s += 0.2 * (compute_s - self._batch_s)
-        self._rows_per_batch += 0.2 * (rows - self._rows_per_batch)

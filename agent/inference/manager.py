@@ -20,17 +20,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.errors import AgentError, LoadError, ModelNotFoundError, ModelNotReadyError
-from agent.inference.loading import VersionLoading
+from agent.errors import (
+    AgentError,
+    LoadError,
+    MemoryBudgetError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+)
+from agent.inference.loader import VersionLoader
+from agent.inference.pipelined import PipelineVersion, model_caller
 from agent.inference.priority import lower_this_thread
 from agent.inference.shadow import ShadowTaps
 from agent.inference.tuning import same_config
 from agent.inference.versions import LoadedVersion, RuntimeFactory, VersionState, VersionStatus
 from agent.pipelines.pipeline import ModelCall
 from agent.pipelines.settings import PipelineSettings
-from agent.pipelines.version import PipelineVersion, model_caller
 from common.model_config import ModelConfig, ModelConfigError, load_model_config, version_dirs
 from runtimes.backends import open_model
+from runtimes.formats import is_generative
 from runtimes.hardware.context import HardwareContext
 from runtimes.hardware.heap import limit_heaps
 from runtimes.settings import RuntimeSettings
@@ -60,7 +67,7 @@ class ModelEntry:
         return self.served[max(self.served)] if self.served else None
 
 
-class ModelManager(VersionLoading):
+class ModelManager:
     def __init__(
         self,
         repository: Path,
@@ -98,6 +105,19 @@ class ModelManager(VersionLoading):
         self._departure_watchers: list[Callable[[LoadedVersion], None]] = []
         self.shadows = ShadowTaps()
         """Candidates staged as shadows of a serving version (the fleet client adds them)."""
+        self.loader = VersionLoader(
+            hardware,
+            runtime_settings,
+            cpu_count=cpu_count,
+            cpus_limited=self.cpus_limited,
+            runtime_factory=runtime_factory,
+            pipelines=self.pipelines,
+            step_executor=self.step_executor,
+            make_room=self._make_room,
+            caller_for=lambda lv: self.model_caller(lv, 1, None),
+            metrics=metrics,
+        )
+        """Loads and warms versions; the manager switches to them."""
 
     # -- queries --------------------------------------------------------------------------
 
@@ -173,8 +193,11 @@ class ModelManager(VersionLoading):
     def _repository_models(self) -> list[str]:
         if not self.repository.is_dir():
             return []
+        # generative models are the token loop's (agent/generative), not the batcher's
         return sorted(
-            p.name for p in self.repository.iterdir() if p.is_dir() and not p.name.startswith(".")
+            p.name
+            for p in self.repository.iterdir()
+            if p.is_dir() and not p.name.startswith(".") and not is_generative(p)
         )
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -240,7 +263,7 @@ class ModelManager(VersionLoading):
         try:
             for version in wanted:
                 if version not in keep:
-                    fresh[version] = await self._load_version(
+                    fresh[version] = await self.loader.load(
                         entry, version, versions[version], config
                     )
         except Exception:  # LoadError, or MemoryBudgetError for a version after the first
@@ -287,7 +310,7 @@ class ModelManager(VersionLoading):
         async with self._load_lock:
             entry = self.models.setdefault(model, ModelEntry(model))
             # the updater stages only what a verified manifest delivered
-            lv = await self._load_version(entry, version, version_dir, config, verified=True)
+            lv = await self.loader.load(entry, version, version_dir, config, verified=True)
             if version not in entry.served:
                 entry.status[version] = VersionStatus(VersionState.STAGED)
             return lv
@@ -353,12 +376,53 @@ class ModelManager(VersionLoading):
         await asyncio.gather(*self._retiring, return_exceptions=True)
         self.step_executor.shutdown(wait=False, cancel_futures=True)
 
+    async def _make_room(self, model: str, needed: int, name: str) -> None:
+        """Evict idle evictable models, least recently used first, until ``needed`` bytes fit
+        the profile's memory budget.
+
+        Raises:
+            MemoryBudgetError: they do not, even with every such model evicted.
+        """
+        budget = self.hardware.memory_budget_bytes
+        if budget is None or self.used_memory_bytes() + needed <= budget:
+            return
+        victims = sorted(
+            (
+                e
+                for e in self.models.values()
+                if e.name != model
+                and e.config.evictable
+                and e.served
+                and all(v.idle for v in e.served.values())
+            ),
+            key=lambda e: max(v.last_used for v in e.served.values()),
+        )
+        for entry in victims:
+            log.warning("evicting idle model for memory", extra={"model": entry.name, "for": name})
+            await self._unload(entry)
+            if self.used_memory_bytes() + needed <= budget:
+                return
+        in_use = (
+            ", ".join(
+                f"{e.name} {sum(v.memory_bytes for v in e.served.values()) / 2**20:.0f} MiB"
+                for e in self.models.values()
+                if e.served
+            )
+            or "nothing"
+        )
+        raise MemoryBudgetError(
+            f"loading {name} needs about {needed / 2**20:.0f} MiB but the memory budget of profile "
+            f"{self.hardware.profile.name} is {budget / 2**20:.0f} MiB with "
+            f"{self.used_memory_bytes() / 2**20:.0f} MiB in use ({in_use}); mark idle models "
+            "evictable or raise the budget"
+        )
+
     # -- pipelines ------------------------------------------------------------------------
 
     def model_caller(
         self, lv: PipelineVersion, priority: int, timeout_s: float | None
     ) -> ModelCall:
-        """How ``lv``'s pipeline calls models (:func:`agent.pipelines.version.model_caller`)."""
+        """How ``lv``'s pipeline calls models (:func:`agent.inference.pipelined.model_caller`)."""
         return model_caller(lv, self.resolve, self.metrics, priority, timeout_s)
 
 

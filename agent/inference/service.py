@@ -10,18 +10,22 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from agent.errors import AgentError, RequestError, ShuttingDownError
 from agent.inference.batch_run import ItemResult
 from agent.inference.manager import ModelManager
+from agent.inference.payload_log import PayloadLog
+from agent.inference.pipelined import PipelineVersion
 from agent.inference.sketches import InputSketchBook
 from agent.inference.versions import LoadedVersion
-from agent.metrics import AgentMetrics
 from agent.pipelines.errors import StepError
-from agent.pipelines.version import PipelineVersion
 from runtimes.errors import RuntimeFailure
+
+if TYPE_CHECKING:  # metrics read what is served: the composition root hands them in
+    from agent.metrics import AgentMetrics
 
 Arrays = dict[str, np.ndarray]
 
@@ -59,11 +63,14 @@ class InferenceService:
         *,
         max_rows_per_request: int,
         sketches: InputSketchBook | None = None,
+        payloads: PayloadLog | None = None,
     ) -> None:
         self.manager = manager
         self.metrics = metrics
         self.sketches = sketches
         """Served inputs' sketches for telemetry (drift); None: not sketched."""
+        self.payloads = payloads
+        """Where models with ``[payload_log] enabled`` record their requests; None: no sink."""
         self.max_rows_per_request = max_rows_per_request
         self.accepting = True
 
@@ -85,11 +92,7 @@ class InferenceService:
         to the event loop since (no swap can have come in between)."""
         if not self.accepting:
             raise ShuttingDownError("the agent is shutting down")
-        lv = (
-            resolved
-            if resolved is not None
-            else self.manager.resolve(request.model, request.version)
-        )
+        lv = resolved or self.manager.resolve(request.model, request.version)
         if isinstance(lv, PipelineVersion):
             return self._submit_pipeline(lv, request)
         lv.acquire()  # resolved and acquired in one step: a swap cannot slip in
@@ -125,15 +128,7 @@ class InferenceService:
                 return
             answer.remove_done_callback(given_up)  # nothing to give up any more
             result = done.result()
-            total = time.monotonic() - started
-            lv.stats.record_success(total, result.queue_s, result.compute_s)
-            self.metrics.observe_success(lv.model, version, total, result.queue_s, result.compute_s)
-            if self.sketches is not None:
-                self.sketches.observe(lv.model, lv.version, request.inputs)
-            if self.manager.shadows.by_model:  # a copy for a staged candidate, never awaited
-                self.manager.shadows.offer(
-                    lv, request.inputs, rows or 1, result.outputs, result.compute_s
-                )
+            self._observe(lv, version, request, rows or 1, result, time.monotonic() - started)
             if answer.done():  # given up on while it ran
                 return
             outputs = result.outputs if wanted is None else {k: result.outputs[k] for k in wanted}
@@ -155,6 +150,30 @@ class InferenceService:
         queued.add_done_callback(ran)
         answer.add_done_callback(given_up)
         return answer
+
+    def _observe(
+        self,
+        lv: LoadedVersion,
+        version: str,
+        request: InferRequest,
+        rows: int,
+        result: ItemResult,
+        total: float,
+    ) -> None:
+        """An answered request's statistics, metrics, input sketch, shadow copy and payload
+        record."""
+        lv.stats.record_success(
+            total, result.queue_s, result.compute_s, result.input_s, result.output_s
+        )
+        self.metrics.observe_success(lv.model, version, total, result.queue_s, result.compute_s)
+        if self.sketches is not None:
+            self.sketches.observe(lv.model, lv.version, request.inputs)
+        if self.manager.shadows.by_model:  # a copy for a staged candidate, never awaited
+            self.manager.shadows.offer(lv, request.inputs, rows, result.outputs, result.compute_s)
+        if self.payloads is not None and lv.config.payload_log.enabled:
+            self.payloads.offer(
+                lv.model, version, lv.config.payload_log, request.inputs, result.outputs
+            )
 
     def _submit_pipeline(
         self, lv: PipelineVersion, request: InferRequest
@@ -193,6 +212,10 @@ class InferenceService:
             lv.stats.record_success(total, result.queue_s, result.compute_s)
             self.metrics.observe_success(lv.model, version, total, result.queue_s, result.compute_s)
             self.metrics.observe_steps(lv.model, version, result.timings)
+            if self.payloads is not None and lv.config.payload_log.enabled:
+                self.payloads.offer(
+                    lv.model, version, lv.config.payload_log, request.inputs, result.outputs
+                )
             outputs = result.outputs if wanted is None else {k: result.outputs[k] for k in wanted}
             rows = next(iter(outputs.values())).shape[0] if outputs else 0
             return InferResponse(

@@ -1,6 +1,12 @@
 """Cumulative per-version statistics in the shape of Triton's statistics extension.
 
-Cumulative ``{count, ns}`` pairs let a client compute averages between two samples.
+Cumulative ``{count, ns}`` pairs let a client compute averages between two samples. As in
+Triton, ``success``, ``queue`` and the three ``compute_*`` durations count requests (a request
+in a batch of eight adds its batch's durations once), and ``batch_stats`` counts executions:
+``compute_input`` is stacking the requests' inputs into the batch, ``compute_infer`` the
+backend's run, ``compute_output`` splitting the outputs by request. perf_analyzer refuses
+statistics whose three compute counts differ. There is no response cache: ``cache_hit`` and
+``cache_miss`` stay zero, as on a Triton without one.
 NOTE: https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_statistics.md
 """
 
@@ -31,7 +37,17 @@ class Duration:
 
 @dataclass
 class BatchSizeStats:
+    compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+    def to_dict(self, size: int) -> dict[str, Any]:
+        return {
+            "batch_size": size,
+            "compute_input": self.compute_input.to_dict(),
+            "compute_infer": self.compute_infer.to_dict(),
+            "compute_output": self.compute_output.to_dict(),
+        }
 
 
 @dataclass
@@ -39,7 +55,9 @@ class VersionStats:
     success: Duration = field(default_factory=Duration)
     fail: Duration = field(default_factory=Duration)
     queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
     inference_count: int = 0
     """Rows inferred (a request of 4 rows counts 4)."""
     execution_count: int = 0
@@ -52,17 +70,35 @@ class VersionStats:
     failed: asyncio.Event = field(default_factory=asyncio.Event)
     """Set on every failure that points at the model; health windows wait on it."""
 
-    def record_batch(self, rows: int, compute_s: float) -> None:
+    def record_batch(
+        self, rows: int, compute_s: float, input_s: float = 0.0, output_s: float = 0.0
+    ) -> None:
+        """One execution of ``rows``: ``compute_s`` in the backend, ``input_s`` stacking its
+        inputs, ``output_s`` splitting its outputs."""
         self.execution_count += 1
         self.inference_count += rows
-        self.batch_sizes.setdefault(rows, BatchSizeStats()).compute_infer.add(compute_s)
+        size = self.batch_sizes.setdefault(rows, BatchSizeStats())
+        size.compute_input.add(input_s)
+        size.compute_infer.add(compute_s)
+        size.compute_output.add(output_s)
         self.last_inference_ms = int(time.time() * 1000)  # wall clock: it is a timestamp
 
-    def record_success(self, total_s: float, queue_s: float, compute_s: float) -> None:
+    def record_success(
+        self,
+        total_s: float,
+        queue_s: float,
+        compute_s: float,
+        input_s: float = 0.0,
+        output_s: float = 0.0,
+    ) -> None:
+        """A request answered: ``compute_s`` is its batch's whole time in the instance, of
+        which ``input_s`` stacking and ``output_s`` splitting."""
         self.recent.append((time.monotonic(), total_s))
         self.success.add(total_s)
         self.queue.add(queue_s)
-        self.compute_infer.add(compute_s)
+        self.compute_input.add(input_s)
+        self.compute_infer.add(max(0.0, compute_s - input_s - output_s))
+        self.compute_output.add(output_s)
 
     def record_failure(self, total_s: float, reason: str) -> None:
         self.fail.add(total_s)
@@ -96,13 +132,14 @@ class VersionStats:
                 "success": self.success.to_dict(),
                 "fail": self.fail.to_dict(),
                 "queue": self.queue.to_dict(),
+                "compute_input": self.compute_input.to_dict(),
                 "compute_infer": self.compute_infer.to_dict(),
+                "compute_output": self.compute_output.to_dict(),
+                "cache_hit": Duration().to_dict(),
+                "cache_miss": Duration().to_dict(),
             },
             "fail_by_reason": dict(self.fail_by_reason),
-            "batch_stats": [
-                {"batch_size": size, "compute_infer": s.compute_infer.to_dict()}
-                for size, s in sorted(self.batch_sizes.items())
-            ],
+            "batch_stats": [s.to_dict(size) for size, s in sorted(self.batch_sizes.items())],
         }
 
 

@@ -2,6 +2,7 @@
 (the control plane runs those too), where their tree and codes are drawn."""
 
 from common.pipeline_steps import (
+    DecodeBusyError,
     ImageTooLargeError,
     StepCrashedError,
     StepError,
@@ -11,6 +12,7 @@ from common.pipeline_steps import (
 )
 
 __all__ = [
+    "DecodeBusyError",
     "ImageTooLargeError",
     "StepCrashedError",
     "StepError",

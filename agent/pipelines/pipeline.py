@@ -16,11 +16,11 @@ from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from agent.inference.batch_run import ItemResult
+from agent.pipelines.cgroups import Cgroups
 from agent.pipelines.errors import StepFailedError, StepTimeoutError
 from agent.pipelines.python_steps import PythonWorker
 from agent.pipelines.settings import PipelineSettings
@@ -29,8 +29,11 @@ from common.pipeline_config import ModelStep, PipelineConfig, PythonStep, Step
 from runtimes.datatypes import from_numpy
 from runtimes.signature import ModelSignature, TensorSpec
 
+if TYPE_CHECKING:  # what a model step returns: the inference service's, which builds on this
+    from agent.inference.batch_run import ItemResult
+
 Arrays = dict[str, np.ndarray]
-ModelCall = Callable[[str, ModelStep, Arrays], Awaitable[ItemResult]]
+ModelCall = Callable[[str, ModelStep, Arrays], Awaitable["ItemResult"]]
 """Runs a model step's inputs through its model's batcher: (step name, step, inputs)."""
 
 
@@ -81,6 +84,8 @@ class Pipeline:
         settings: PipelineSettings,
         *,
         python_allowed: str | None,
+        decode_budget: builtin.DecodeBudget | None = None,
+        cgroups: Cgroups | None = None,
     ) -> Pipeline:
         """Bind the steps and start the Python steps' workers.
 
@@ -104,12 +109,20 @@ class Pipeline:
                     path = version_dir / step.file
                     if not path.is_file():
                         raise ValueError(f"step {name}: no file {step.file} in {version_dir}")
-                    worker = PythonWorker(name, path, dict(step.parameters), settings)
+                    worker = PythonWorker(
+                        name, path, dict(step.parameters), settings, step.network, cgroups
+                    )
                     await worker.start()
                     workers[name] = worker
                 else:
                     functions[name] = builtin.bind(
-                        name, step, version_dir, image_size, settings.max_image_pixels
+                        name,
+                        step,
+                        version_dir,
+                        image_size,
+                        settings.max_image_pixels,
+                        settings.max_request_pixels,
+                        decode_budget,
                     )
         except BaseException:
             for worker in workers.values():
@@ -141,7 +154,8 @@ class Pipeline:
                 datatype = from_numpy(array.dtype)
             except KeyError:
                 datatype = str(array.dtype)
-            if datatype != spec.datatype or len(array.shape) != len(spec.shape):
+            fixed = (want in (-1, got) for got, want in zip(array.shape, spec.shape, strict=False))
+            if datatype != spec.datatype or len(array.shape) != len(spec.shape) or not all(fixed):
                 raise StepFailedError(
                     f"output {spec.name!r} is {datatype} {list(array.shape)}, the pipeline "
                     f"declares {spec.datatype} {spec.describe_shape()}"

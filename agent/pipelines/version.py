@@ -1,64 +1,36 @@
-"""A model version served as a pipeline, and what loading one adds to a plain version."""
+"""What loading a version served as a pipeline adds to a plain version: its pipeline's
+config, whether its Python steps may run, its self-test. The version itself, and how its
+pipeline calls models, are the inference service's (:mod:`agent.inference.pipelined`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
-from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from agent.errors import AgentError
-from agent.inference.batch_run import ItemResult
-from agent.inference.versions import LoadedVersion
-from agent.pipelines.errors import StepError, StepFailedError, StepInputError
-from agent.pipelines.pipeline import ModelCall, Pipeline
+from agent.pipelines.errors import StepError
+from agent.pipelines.pipeline import ModelCall
 from agent.pipelines.settings import PipelineSettings, PythonSteps
 from common.model_config import ModelConfig
 from common.pipeline_config import (
     PIPELINE_FILE,
     PIPELINE_GOLDEN_FILE,
-    ModelStep,
     PipelineConfig,
     PipelineConfigError,
     PythonStep,
     parse_pipeline,
 )
-from runtimes.errors import InvalidInputError, ModelFileError, RuntimeFailure
+from runtimes.errors import ModelFileError, RuntimeFailure
 from runtimes.golden import GoldenSample
-from runtimes.signature import ModelSignature
 
-if TYPE_CHECKING:
-    from agent.metrics import AgentMetrics
+if TYPE_CHECKING:  # the inference service builds on pipelines, not the other way round
+    from agent.inference.pipelined import PipelineVersion
 
 DIGESTS_FILE = ".digests.json"
 """What the fleet store records at an install (agent.fleet.store): file name -> sha256."""
-
-
-@dataclass(eq=False)
-class PipelineVersion(LoadedVersion):
-    """A version whose requests run through :attr:`pipeline`; :attr:`signature` is the
-    pipeline's (what clients send and get), :attr:`model_signature` its own model's."""
-
-    pipeline: Pipeline | None = None
-    model_signature: ModelSignature | None = None
-
-    @property
-    def platform(self) -> str:
-        # Triton's name for a model made of steps; the own model's runtime is in placement
-        return "ensemble"
-
-    async def retire(self) -> None:
-        try:
-            await super().retire()
-        finally:
-            if self.pipeline is not None:
-                await self.pipeline.close()
 
 
 def pipeline_config(version_dir: Path, config: ModelConfig) -> PipelineConfig | None:
@@ -110,64 +82,6 @@ def digests_match(version_dir: Path) -> bool:
         )
     except (OSError, ValueError):
         return False
-
-
-async def call_model(
-    step: str,
-    target: LoadedVersion,
-    signature: ModelSignature,
-    inputs: dict[str, np.ndarray],
-    *,
-    priority: int,
-    timeout_s: float | None,
-) -> ItemResult:
-    """Run a model step's inputs through ``target``'s batcher, checked first so that a bad
-    request never fails the batch it would join. ``priority`` 0 is the target's default."""
-    try:
-        rows = signature.validate_inputs(inputs)
-    except InvalidInputError as exc:
-        raise StepInputError(f"step {step}: {exc}", field=step) from None
-    batching = target.config.batching
-    level = min(priority, batching.priority_levels) if priority else batching.default_priority
-    target.acquire()
-    try:
-        return await target.batcher.infer(inputs, rows or 1, priority=level, timeout_s=timeout_s)
-    finally:
-        target.release()
-
-
-def model_caller(
-    lv: PipelineVersion,
-    resolve: Callable[[str, str | None], LoadedVersion],
-    metrics: AgentMetrics | None,
-    priority: int,
-    timeout_s: float | None,
-) -> ModelCall:
-    """How ``lv``'s pipeline calls models: its own, or another served model by name (an
-    ensemble), each through that model's batcher; a called model counts the call in its own
-    statistics."""
-
-    async def call(name: str, step: ModelStep, inputs: dict[str, np.ndarray]) -> ItemResult:
-        if not step.model:
-            assert lv.model_signature is not None  # bound only where there is a model file
-            return await call_model(
-                name, lv, lv.model_signature, inputs, priority=priority, timeout_s=timeout_s
-            )
-        target = resolve(step.model, step.version or None)
-        if isinstance(target, PipelineVersion):
-            raise StepFailedError(f"step {name}: model {step.model!r} is a pipeline itself")
-        started = time.monotonic()
-        result = await call_model(
-            name, target, target.signature, inputs, priority=priority, timeout_s=timeout_s
-        )
-        total = time.monotonic() - started
-        target.stats.record_success(total, result.queue_s, result.compute_s)
-        if metrics is not None:
-            version = str(target.version)
-            metrics.observe_success(target.model, version, total, result.queue_s, result.compute_s)
-        return result
-
-    return call
 
 
 async def pipeline_self_test(

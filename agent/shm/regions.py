@@ -1,26 +1,31 @@
 """Registered system shared memory regions: checked at registration, leased by requests.
 
-A region is a POSIX shared memory object (a file under ``/dev/shm``) mapped once, at
-registration, and viewed by numpy without copies. The checks, each from a Triton advisory:
+A region is a POSIX shared memory object (a file under ``/dev/shm``) kept open from
+registration. Its bytes are read and written with ``pread``/``pwrite`` on that descriptor, never
+through a mapping: the object's owner (or a member of ``allowed_group``) may truncate it at any
+moment, and a mapped page past the new end would kill the agent with SIGBUS; a system call on a
+shrunk object returns short instead, and the request is refused (:class:`RegionShrunkError`).
+The price is one copy of each input out of the region (see docs/local-apps.md for its cost).
+The checks, each from a Triton advisory:
 
 - the key names a file directly under the root: no separators, no ``..``
   (triton-inference-server/server#8273, #8336);
 - the file is a regular file owned by the agent's user or ``allowed_group`` (fstat of the
-  opened descriptor, so the file checked is the file mapped);
+  opened descriptor, so the file checked is the file read);
 - ``offset + byte_size`` lies within the file, and a tensor's range within the region
   (#8330, #8335, #7083);
-- at most ``max_regions`` and ``max_total_bytes`` registered;
+- at most ``max_regions``, and ``max_total_bytes`` of the objects' reach (``offset +
+  byte_size`` each: what a region may make the agent read);
 - keys are not echoed into errors of requests (#8269): errors name the region.
 
-Unregistering a region a request holds does not unmap it under that request: the mapping is
-closed when its last lease ends, and the request fails with :class:`RegionGoneError` when it
+Unregistering a region a request holds does not close it under that request: the descriptor
+is closed when its last lease ends, and the request fails with :class:`RegionGoneError` when it
 finds, writing its outputs, that its region was taken away.
 """
 
 from __future__ import annotations
 
 import grp
-import mmap
 import os
 import stat
 from dataclasses import dataclass, field
@@ -30,6 +35,12 @@ import numpy as np
 
 from agent.errors import RequestError
 from agent.shm.settings import SharedMemorySettings
+
+CUDA_UNSUPPORTED = (
+    "CUDA shared memory is not supported by this agent; register a system shared memory "
+    "region instead"
+)
+"""Why a CUDA region is refused, on REST and gRPC alike."""
 
 
 class SharedMemoryError(RequestError):
@@ -54,6 +65,13 @@ class RegionPermissionError(SharedMemoryError):
     code = "shared_memory_permission"
 
 
+class RegionShrunkError(SharedMemoryError):
+    """The region's object is smaller than the range a request reads or writes: its owner
+    truncated it after registering it."""
+
+    code = "shared_memory_shrunk"
+
+
 class RegionGoneError(SharedMemoryError):
     """The region was unregistered while a request used it."""
 
@@ -66,44 +84,69 @@ class Region:
     key: str
     offset: int
     byte_size: int
-    _map: mmap.mmap
     _fd: int
-    """Kept open to see the object's size at each use (:meth:`check_size`)."""
+    """The object, open for ``pread``/``pwrite``."""
     leases: int = 0
     registered: bool = True
 
-    def view(self, offset: int, byte_size: int, where: str) -> memoryview:
-        """``byte_size`` bytes at ``offset`` in the region, without a copy."""
+    def place(self, offset: int, byte_size: int, where: str) -> int:
+        """The object's offset of ``byte_size`` bytes at ``offset`` in the region."""
         if offset < 0 or byte_size < 0 or offset + byte_size > self.byte_size:
             raise SharedMemoryError(
                 f"{where}: offset {offset} + byte size {byte_size} is outside region "
                 f"{self.name!r} of {self.byte_size} bytes",
                 field=where,
             )
-        start = self.offset + offset
-        return memoryview(self._map)[start : start + byte_size]
+        return self.offset + offset
+
+    def _shrunk(self, where: str) -> RegionShrunkError:
+        return RegionShrunkError(
+            f"{where}: the object of region {self.name!r} was shrunk below the range read or "
+            "written; register it again",
+            field=where,
+        )
+
+    def read(self, offset: int, byte_size: int, where: str) -> memoryview:
+        """A copy of ``byte_size`` bytes at ``offset`` in the region.
+
+        Raises:
+            RegionShrunkError: the object ends before the range does.
+        """
+        start = self.place(offset, byte_size, where)
+        buffer = np.empty(byte_size, np.uint8).data  # not zeroed: every byte is read into
+        done = 0
+        while done < byte_size:
+            got = os.preadv(self._fd, [buffer[done:]], start + done)
+            if got == 0:
+                raise self._shrunk(where)
+            done += got
+        return buffer
+
+    def write(self, offset: int, data: memoryview, where: str) -> None:
+        """Write ``data`` at ``offset`` in the region. An object shrunk meanwhile is refused,
+        not grown back: the agent writes only within what its owner keeps.
+
+        Raises:
+            RegionShrunkError: the object ends before the range does.
+        """
+        start = self.place(offset, data.nbytes, where)
+        if os.fstat(self._fd).st_size < start + data.nbytes:
+            raise self._shrunk(where)
+        data = data.cast("B")
+        done = 0
+        while done < len(data):
+            done += os.pwrite(self._fd, data[done:], start + done)
 
     def check_size(self, where: str) -> None:
-        """Refuse a region whose object was shrunk since it was registered: reading the
-        mapping past the object's end would kill the agent (SIGBUS). A shrink during a request
-        is not caught; only the agent's own user (or group) can do it."""
+        """Refuse a region whose object was shrunk below its registered size since then (a
+        shrink later, during the request, is caught by :meth:`read` and :meth:`write`)."""
         if os.fstat(self._fd).st_size < self.offset + self.byte_size:
-            raise SharedMemoryError(
-                f"{where}: the object of region {self.name!r} was shrunk below its registered "
-                "size; register it again",
-                field=where,
-            )
+            raise self._shrunk(where)
 
     def _close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        try:
-            self._map.close()
-        except BufferError:
-            # numpy views of it are still alive (a batch the runtime holds): the mapping
-            # goes when the last of them does, never under them
-            pass
 
     def status(self) -> dict[str, object]:
         return {
@@ -176,11 +219,12 @@ class SharedMemoryRegistry:
                 "(shared_memory.max_regions)",
                 field="name",
             )
-        total = sum(r.byte_size for r in self.regions.values())
-        if total + byte_size > self.settings.max_total_bytes:
+        total = sum(r.offset + r.byte_size for r in self.regions.values())
+        if total + offset + byte_size > self.settings.max_total_bytes:
             raise RegionLimitError(
-                f"byte_size: {byte_size} bytes more would pass the {self.settings.max_total_bytes}"
-                " bytes of all regions (shared_memory.max_total_bytes)",
+                f"byte_size: offset {offset} + byte_size {byte_size} more would pass the "
+                f"{self.settings.max_total_bytes} bytes that all regions may reach "
+                "(shared_memory.max_total_bytes)",
                 field="byte_size",
             )
         path = self._path(key)
@@ -207,11 +251,10 @@ class SharedMemoryRegistry:
                     f"({info.st_size} bytes)",
                     field="byte_size",
                 )
-            mapped = mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED)
         except BaseException:
             os.close(fd)
             raise
-        region = Region(name, key, offset, byte_size, mapped, fd)
+        region = Region(name, key, offset, byte_size, fd)
         self.regions[name] = region
         return region
 

@@ -3,9 +3,9 @@
 A request names a region per input or output with three parameters, as Triton's:
 ``shared_memory_region``, ``shared_memory_byte_size`` and ``shared_memory_offset``. The
 transports read them into a :class:`RegionRef` (:func:`region_ref`) and leave the rest here:
-an input is a numpy view of the mapping (no copy), an output's range is checked before the
-request runs (:func:`claim`) and written once, straight from the output, after it
-(:func:`write`).
+an input is copied out of its region when the request is decoded (:func:`read`), an output's
+range is checked before the request runs (:func:`claim`) and written once, straight from the
+output, after it (:func:`write`). Neither maps the object (see :mod:`agent.shm.regions`).
 NOTE: spec: https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_shared_memory.md
 """
 
@@ -71,25 +71,26 @@ def region_ref(params: Mapping[str, Any], where: str) -> RegionRef | None:
 
 
 def read(lease: Lease, ref: RegionRef, datatype: str, shape: list[int]) -> np.ndarray:
-    """An input of ``datatype`` and ``shape`` from its region: a view of the mapping, which
-    the lease keeps alive until the request is answered."""
+    """An input of ``datatype`` and ``shape``, copied out of its region: its owner may change
+    or truncate the object later without touching the request."""
     region = lease.take(ref.name, ref.region_field)
-    view = region.view(ref.offset, ref.byte_size, ref.size_field)
+    if datatype != "BYTES":
+        expected = math.prod(shape) * ELEMENT_SIZE[datatype]
+        if ref.byte_size != expected:
+            raise _fail(
+                ref.size_field,
+                f"input byte size mismatch for {datatype} {shape}: expected {expected}, "
+                f"got {ref.byte_size}",
+            )
+    data = region.read(ref.offset, ref.byte_size, ref.size_field)
     if datatype == "BYTES":
-        return bytes_elements(view, math.prod(shape), ref.where).reshape(shape)
-    expected = math.prod(shape) * ELEMENT_SIZE[datatype]
-    if ref.byte_size != expected:
-        raise _fail(
-            ref.size_field,
-            f"input byte size mismatch for {datatype} {shape}: expected {expected}, "
-            f"got {ref.byte_size}",
-        )
-    return as_array(view, _LITTLE[datatype], shape)
+        return bytes_elements(data, math.prod(shape), ref.where).reshape(shape)
+    return as_array(data, _LITTLE[datatype], shape)
 
 
 def claim(lease: Lease, ref: RegionRef) -> None:
     """Check, before the request runs, that the region is there and holds the range."""
-    lease.take(ref.name, ref.region_field).view(ref.offset, ref.byte_size, ref.size_field)
+    lease.take(ref.name, ref.region_field).place(ref.offset, ref.byte_size, ref.size_field)
 
 
 def write(lease: Lease, ref: RegionRef, array: np.ndarray) -> tuple[str, int]:
@@ -105,12 +106,12 @@ def write(lease: Lease, ref: RegionRef, array: np.ndarray) -> tuple[str, int]:
     size = array.nbytes if raw is None else len(raw)
     if size > ref.byte_size:
         raise _fail(ref.size_field, f"output of {size} bytes does not fit in {ref.byte_size}")
-    view = lease.take(ref.name, ref.region_field).view(ref.offset, size, ref.size_field)
+    region = lease.take(ref.name, ref.region_field)
     if raw is None:  # straight from the output into the region: one copy
-        target = as_array(view, array.dtype.newbyteorder("<"), list(array.shape))
-        np.copyto(target, array)
+        little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+        region.write(ref.offset, little.data, ref.size_field)
     else:
-        view[:] = raw
+        region.write(ref.offset, memoryview(raw), ref.size_field)
     return datatype, size
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,7 +22,10 @@ from runtimes.errors import (
     UnsupportedModelError,
 )
 from runtimes.formats import ModelFormat
+from runtimes.native_output import logged_stderr
 from runtimes.signature import ModelSignature, TensorSpec
+
+log = logging.getLogger("edgefleet.runtimes.litert")
 
 # Functions every LiteRT delegate plugin library exports (the external delegate ABI).
 _DELEGATE_ENTRY_POINTS = ("tflite_plugin_create_delegate", "tflite_plugin_destroy_delegate")
@@ -64,8 +68,9 @@ class LiteRtBackend(Runtime):
         if not model_file.is_file():
             raise ModelFileError(f"litert cannot load {model_file}: no such file")
         try:
-            self._interpreter = module.Interpreter(model_path=str(model_file), **kwargs)
-            self._interpreter.allocate_tensors()
+            with logged_stderr(log, "litert"):  # its delegate's INFO line, as a record
+                self._interpreter = module.Interpreter(model_path=str(model_file), **kwargs)
+                self._interpreter.allocate_tensors()
         except (ValueError, RuntimeError) as exc:
             raise _translate(exc, model_file) from exc
         self._lock = threading.Lock()

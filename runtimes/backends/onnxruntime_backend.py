@@ -126,6 +126,10 @@ class OnnxRuntimeBackend(Runtime):
     def _session_options(self, ort: Any) -> Any:
         s = self.settings
         options = ort.SessionOptions()
+        # NOTE: ONNX Runtime's own logger writes ANSI-coloured text lines to stderr, one per
+        # failed run; the failure reaches the caller as an exception (translated at this
+        # boundary, logged as one JSON line by the agent), so only fatal ones are let through
+        options.log_severity_level = 4
         options.intra_op_num_threads = s.intra_op_threads
         options.inter_op_num_threads = s.inter_op_threads
         options.graph_optimization_level = getattr(
@@ -192,8 +196,8 @@ class OnnxRuntimeBackend(Runtime):
             )
             return model_file, None
         options.optimized_model_filepath = scratch
-        # ONNX Runtime warns that the saved graph is hardware-specific; the key covers that.
-        options.log_severity_level = 3
+        # ONNX Runtime warns that the saved graph is hardware-specific; the key covers that
+        # (the options' severity, set above, already keeps that warning out)
         return model_file, (Path(scratch), cached)
 
     def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

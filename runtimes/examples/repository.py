@@ -15,10 +15,11 @@ from runtimes.examples.digits import REFERENCE_FILE, write_digits
 from runtimes.examples.onnx_models import cnn_onnx, mlp_onnx
 from runtimes.examples.reference import cnn_forward, mlp_forward
 from runtimes.examples.tflite_models import mlp_tflite
+from runtimes.examples.tiny_lm import LmSize, write_tiny_lm
 from runtimes.examples.weights import MLP_SIZES, SEED, Dense, cnn_layers, mlp_layers
 from runtimes.golden import GOLDEN_FILE, GoldenSample
 
-EXAMPLE_MODELS = ("mlp", "cnn", "cnn_ir", "mlp_tflite", "classifier", "digits")
+EXAMPLE_MODELS = ("mlp", "cnn", "cnn_ir", "mlp_tflite", "classifier", "digits", "tiny-lm")
 VERSION = "1"
 MLP_GOLDEN_ROWS = 8
 MLP_REFERENCE_ROWS = 64
@@ -56,10 +57,13 @@ def write_example_repository(
     *,
     models: tuple[str, ...] = EXAMPLE_MODELS,
     overwrite: bool = False,
+    lm_size: LmSize = LmSize.TINY,
     log: Callable[[str], None] = lambda _: None,
 ) -> list[str]:
     """Write the example models under ``root``; return the names written.
 
+    ``tiny-lm`` (a generative model, :mod:`runtimes.examples.tiny_lm`) is written at
+    ``lm_size``; it needs the ``tokenizers`` package and is skipped (and logged) without it.
     ``cnn_ir`` needs OpenVINO for the conversion and is skipped (and logged) without it.
     Each model is written to a scratch directory and renamed into place, so an interrupted
     run never leaves half a model behind.
@@ -68,9 +72,7 @@ def write_example_repository(
     if unknown:
         raise ValueError(f"unknown example models {sorted(unknown)}; known: {EXAMPLE_MODELS}")
     root.mkdir(parents=True, exist_ok=True)
-    for name in models:
-        if (root / name).exists() and not overwrite:
-            raise FileExistsError(f"{root / name} exists; replace it with --force (overwrite=True)")
+    _check_targets(root, models, overwrite)
 
     mlp_x, cnn_x = _golden_inputs()
     mlp = mlp_layers()
@@ -99,6 +101,10 @@ def write_example_repository(
                     log("skipped digits: scikit-learn is not installed (pip install scikit-learn)")
                     continue
                 description = f"MLP 64-64-10 trained on sklearn digits ({accuracy:.1%} held out)"
+            elif name == "tiny-lm":
+                if (written_lm := _tiny_lm(version_dir, lm_size, log)) is None:
+                    continue
+                description = written_lm
             elif name == "classifier":
                 write_classifier(version_dir)
                 description = "JPEG -> top-5 labels: decode, resize, normalise, cnn, softmax"
@@ -126,6 +132,20 @@ def write_example_repository(
         written.append(name)
         log(f"wrote {root / name}")
     return written
+
+
+def _check_targets(root: Path, models: tuple[str, ...], overwrite: bool) -> None:
+    for name in models:
+        if (root / name).exists() and not overwrite:
+            raise FileExistsError(f"{root / name} exists; replace it with --force (overwrite=True)")
+
+
+def _tiny_lm(version_dir: Path, size: LmSize, log: Callable[[str], None]) -> str | None:
+    try:
+        return write_tiny_lm(version_dir, size)
+    except ImportError:
+        log("skipped tiny-lm: tokenizers is not installed (pip install 'edgefleet[generative]')")
+        return None
 
 
 def _convert_to_ir(onnx_path: Path, xml_path: Path, log: Callable[[str], None]) -> bool:

@@ -12,7 +12,7 @@ request cycle writes on, so that a response's head and body leave in one write; 
 :func:`whole_receive` is the cycle's ``receive`` for a body collected whole.
 
 :func:`whole_receive` and :func:`respond` are copies of uvicorn's
-``RequestResponseCycle.receive`` and ``send``: tests/agent/test_uvicorn_contract.py checks
+``RequestResponseCycle.receive`` and ``send``: tests/agent/api/test_uvicorn_contract.py checks
 each against the uvicorn version pinned.
 """
 
@@ -26,7 +26,7 @@ import orjson
 from starlette.types import Scope
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
-from agent.api.http_connection import CYCLE_KEY
+from agent.http.connection import CYCLE_KEY
 
 
 class HeadHeld:

@@ -32,10 +32,10 @@ applies to h11 only), arms its keep-alive timer only after a first response, and
 ``limit_concurrency`` counts connections *and* tasks together, so one surge turns away the
 requests of connections already being served.
 
-The limits and the counts a server's connections share are in :mod:`agent.api.http_limits`,
+The limits and the counts a server's connections share are in :mod:`agent.http.limits`,
 what the protocol hands the application through a request's scope in
-:mod:`agent.api.http_connection`, and what it writes on a connection itself in
-:mod:`agent.api.http_answers`.
+:mod:`agent.http.connection`, and what it writes on a connection itself in
+:mod:`agent.http.answers`.
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ import httptools
 import numpy as np
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from agent.api.http_answers import REFUSAL_CODES, HeadHeld, refusal_response, whole_receive
-from agent.api.http_connection import CONNECTION_KEY, CYCLE_KEY, REFUSED_KEY, Connection, DirectApp
-from agent.api.http_limits import (
+from agent.http.answers import REFUSAL_CODES, HeadHeld, refusal_response, whole_receive
+from agent.http.connection import CONNECTION_KEY, CYCLE_KEY, REFUSED_KEY, Connection, DirectApp
+from agent.http.limits import (
     BUFFERED_BODY_BYTES,
     HEAD_READ_BYTES,
     BodyBudget,

@@ -1,8 +1,8 @@
 """What the agent's HTTP protocol hands the application through a request's scope.
 
-The protocol (:mod:`agent.api.http_protocol`) puts a request's :class:`Connection`, its
+The protocol (:mod:`agent.http.protocol`) puts a request's :class:`Connection`, its
 uvicorn cycle and the server's refusal counter in its scope, under the keys here, and calls a
-:class:`DirectApp` from its callbacks. The application's side (:mod:`agent.api.transport`,
+:class:`DirectApp` from its callbacks. The application's side (:mod:`agent.http.transport`,
 :mod:`agent.api.errors`, :mod:`agent.api.fastpath`) needs only these names: kept apart from
 the protocol, they import nothing of uvicorn's.
 """
@@ -17,7 +17,7 @@ from starlette.types import Scope
 CONNECTION_KEY = "edgefleet.connection"
 """Scope key of the request's :class:`Connection`."""
 CYCLE_KEY = "edgefleet.cycle"
-"""Scope key of the request's uvicorn cycle, for :func:`agent.api.http_answers.respond`."""
+"""Scope key of the request's uvicorn cycle, for :func:`agent.http.answers.respond`."""
 REFUSED_KEY = "edgefleet.refused"
 """Scope key of the server's refusal counter, ``(RefusalReason) -> None``, for the refusals
 the application makes (:func:`agent.api.errors.count_refusal`)."""

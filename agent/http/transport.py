@@ -1,4 +1,4 @@
-"""HTTP plumbing shared by the protocol modules: bounded body reading, disconnects, JSON."""
+"""What the routes on the agent's HTTP server share: bounded body reading, disconnects, JSON."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope
 
-from agent.api.http_connection import CONNECTION_KEY, Connection
 from agent.errors import PayloadTooLargeError, RequestError
+from agent.http.connection import CONNECTION_KEY, Connection
 
 T = TypeVar("T")
 
@@ -46,7 +46,7 @@ async def receive_body(
             chunks.append(chunk)
         if not message.get("more_body", False):
             break
-    # one chunk (a body collected whole, agent.api.http_protocol) is taken as it is: a join
+    # one chunk (a body collected whole, agent.http.protocol) is taken as it is: a join
     # would copy it
     body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     return decoded_body(body, headers, limit, setting)

@@ -3,7 +3,7 @@
 :class:`HttpLimits` is what :func:`agent.main.server_config` configures;
 :class:`InFlight` and :class:`BodyBudget` are the state every connection of one server
 counts against (requests whose response is not complete, bytes of request bodies held), made
-once per server by :func:`agent.api.http_protocol.protocol_class`. They live apart from the
+once per server by :func:`agent.http.protocol.protocol_class`. They live apart from the
 protocol so that the composition root sizes the server without reading the protocol's code,
 and the sizes the protocol reads by sit next to the limits they serve.
 """
@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 BUFFERED_BODY_BYTES = 64 * 1024
 """A body collected whole from this size up is read straight into its buffer and handed over
-as it is, and its connection reads through :class:`agent.api.http_protocol._Reader` from then
+as it is, and its connection reads through :class:`agent.http.protocol._Reader` from then
 on. Smaller bodies are copied: for a request of a few kilobytes the copies cost less than the
 calls the buffered reads and the handler's own ``receive`` add (measured: ``mlp`` JSON at
 concurrency 32 served about 8 % fewer requests with every connection buffered)."""
 HEAD_READ_BYTES = 8 * 1024
 """What one read takes on a connection reading through
-:class:`agent.api.http_protocol._Reader`, outside a body collected whole: a request's head and
+:class:`agent.http.protocol._Reader`, outside a body collected whole: a request's head and
 the start of its body. A read that fills it is followed at once by the next, into the body's
 buffer. With a read buffer of 256 KiB (uvloop's size), a third of a 600 KB body arrived with
 its head and was copied from there by the parser's callback: 11 % of the event loop's time

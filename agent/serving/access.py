@@ -103,6 +103,12 @@ class RateLimiter:
         self.max_clients = max_clients
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
 
+    @classmethod
+    def from_settings(cls, rate_per_s: float | None, burst: int) -> RateLimiter | None:
+        """None when no rate is configured (no limit). Each front end makes its own, so a
+        client's REST and gRPC calls are counted apart."""
+        return None if rate_per_s is None else cls(rate_per_s, burst)
+
     def take(self, client: str) -> None:
         """Spend one token of ``client``'s bucket.
 

@@ -1,0 +1,120 @@
+"""OpenTelemetry traces of requests: a server span per REST or gRPC request, continuing the
+caller's W3C ``traceparent``, with ``queue`` and ``compute`` children laid out from the times
+the batcher measured, exported over OTLP/HTTP by the SDK's batch processor (never on the
+request's path: a span is queued in memory, at most 2,048, and dropped beyond that).
+
+Only :mod:`agent.main` constructs :class:`Tracing`, and only when ``[tracing] enabled``: with
+tracing off the SDK is never imported and the front ends test one ``None`` per request.
+
+Attributes follow OpenTelemetry's HTTP and RPC semantic conventions (``http.request.method``,
+``url.path``, ``http.response.status_code``; ``rpc.system``, ``rpc.service``, ``rpc.method``,
+``rpc.grpc.status_code``) and add the agent's: ``edgefleet.model``, ``edgefleet.model.version``,
+``edgefleet.runtime``, ``edgefleet.execution_provider``, ``edgefleet.request_id`` and, on the
+compute child, ``edgefleet.batch.rows`` (the rows of the batch the request ran in).
+NOTE: https://opentelemetry.io/docs/specs/semconv/http/http-spans/
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from common.tracing import TracingSettings, tracer_provider
+from runtimes.base import Placement
+
+
+class Tracing:
+    """The tracer provider, its OTLP exporter and sampler, built from the settings (and,
+    for what they leave unset, the SDK's OTEL_* variables)."""
+
+    def __init__(self, settings: TracingSettings) -> None:
+        from opentelemetry.trace import SpanKind
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.provider = tracer_provider(settings, "edgefleet-agent")
+        self.tracer = self.provider.get_tracer("edgefleet.agent")
+        self._server = SpanKind.SERVER
+        self._propagator = TraceContextTextMapPropagator()
+
+    def start(self, name: str, traceparent: str | None, attributes: dict[str, Any]) -> RequestSpan:
+        """A server span from now, the child of ``traceparent`` when the caller sent one."""
+        parent = self._propagator.extract({"traceparent": traceparent}) if traceparent else None
+        started_ns = time.time_ns()
+        span = self.tracer.start_span(
+            name, context=parent, kind=self._server, start_time=started_ns, attributes=attributes
+        )
+        return RequestSpan(self, span, time.monotonic(), started_ns)
+
+    def shutdown(self) -> None:
+        """Export what is queued (bounded by the SDK's export timeout), then stop."""
+        self.provider.shutdown()
+
+
+class RequestSpan:
+    """One request's server span; its children are written when it ends, from monotonic
+    times converted to the span's wall clock."""
+
+    __slots__ = ("_tracing", "span", "_mono", "_ns")
+
+    def __init__(self, tracing: Tracing, span: Any, mono: float, started_ns: int) -> None:
+        self._tracing, self.span, self._mono, self._ns = tracing, span, mono, started_ns
+
+    @property
+    def traceparent(self) -> str:
+        """The W3C header naming this span, for the response."""
+        ctx = self.span.get_span_context()
+        return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+    @property
+    def trace_id(self) -> str:
+        return f"{self.span.get_span_context().trace_id:032x}"
+
+    def _wall_ns(self, mono: float) -> int:
+        return self._ns + int((mono - self._mono) * 1e9)
+
+    def served(
+        self,
+        model: str,
+        version: str,
+        placement: Placement | None,
+        timing: tuple[float, float, float, int] | None,
+    ) -> None:
+        """What the request ran on; ``timing``: (queue seconds, compute seconds, monotonic
+        time it was answered, rows of its batch) for the two children."""
+        span = self.span
+        if not span.is_recording():
+            return
+        span.set_attribute("edgefleet.model", model)
+        span.set_attribute("edgefleet.model.version", version)
+        if placement is not None:
+            span.set_attribute("edgefleet.runtime", str(placement.runtime))
+            span.set_attribute("edgefleet.execution_provider", ",".join(placement.providers))
+        if timing is None:
+            return
+        queue_s, compute_s, answered, rows = timing
+        from opentelemetry.trace import set_span_in_context
+
+        parent = set_span_in_context(span)
+        tracer = self._tracing.tracer
+        compute_from = answered - compute_s
+        queue = tracer.start_span(
+            "queue", context=parent, start_time=self._wall_ns(compute_from - queue_s)
+        )
+        queue.end(end_time=self._wall_ns(compute_from))
+        compute = tracer.start_span(
+            "compute",
+            context=parent,
+            start_time=self._wall_ns(compute_from),
+            attributes={"edgefleet.batch.rows": rows},
+        )
+        compute.end(end_time=self._wall_ns(answered))
+
+    def end(self, attributes: dict[str, Any], error: str | None = None) -> None:
+        span = self.span
+        if span.is_recording():
+            span.set_attributes(attributes)
+            if error is not None:
+                from opentelemetry.trace import Status, StatusCode
+
+                span.set_status(Status(StatusCode.ERROR, error))
+        span.end()
