@@ -10,6 +10,10 @@ import pytest
 
 from runtimes.examples import write_example_repository
 
+# the OTLP/HTTP receiver fixture (``receiver``) the agent's and the control plane's tracing
+# tests share
+pytest_plugins = ["tests.otlp"]
+
 
 @pytest.fixture(scope="session")
 def example_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -20,7 +24,7 @@ def example_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # Folders whose tests share one costly fixture (a browser and a fleet, a built wheel, a trained
 # model with its control plane): each runs whole on one worker, so the fixture is built once
-WHOLE_FOLDERS = ("tests/console/", "tests/packaging/", "tests/quality/")
+WHOLE_FOLDERS = ("tests/control_plane/console/", "tests/packaging/", "tests/control_plane/quality/")
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -56,7 +56,8 @@ def _environment() -> dict[str, str]:
     path = [str(Path(sys.executable).parent), env.get("PATH", "")]
     path += [d for d in ("/usr/sbin", "/sbin") if d not in env.get("PATH", "").split(":")]
     env["PATH"] = ":".join(path)
-    for name in ("EF_MQTT_PORT", "EF_API_PORT", "EF_EDGE1_PORT", "EF_EDGE2_PORT"):
+    ports = ("EF_MQTT_PORT", "EF_CP_MQTT_PORT", "EF_API_PORT", "EF_EDGE1_PORT", "EF_EDGE2_PORT")
+    for name in ports:
         env[name] = str(free_port())
     return env
 
@@ -83,10 +84,11 @@ def test_the_quickstart_reaches_a_rollout_committed_on_two_agents(workdir: Path)
     script = "set -e\n" + "\n".join([*steps, capture, stop])
     output = workdir / ".quickstart-output"
     with output.open("wb") as out:
+        env = _environment()
         shell = subprocess.Popen(
             ["bash", "-c", script],
             cwd=workdir,
-            env=_environment(),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -100,6 +102,7 @@ def test_the_quickstart_reaches_a_rollout_committed_on_two_agents(workdir: Path)
             _end_group(shell.pid)
     shown = output.read_text(errors="replace")[-4000:]
     assert rc == 0, f"exit {rc}\n{shown}\n{_logs(workdir)}"
+    _dashboard_read_telemetry_and_nothing_was_taken_over(workdir, output.read_text(), env)
     rollout = json.loads((workdir / ROLLOUT_JSON).read_text())
     devices = {d["device_id"]: d["state"] for d in rollout["devices"]}
     assert rollout["state"] == "succeeded", f"{rollout}\n{_logs(workdir)}"
@@ -110,6 +113,21 @@ def test_the_quickstart_reaches_a_rollout_committed_on_two_agents(workdir: Path)
     for status in statuses:
         versions = {v["version"]: v["state"] for v in status["model_version_status"]}
         assert versions.get("2") == "AVAILABLE", status
+
+
+def _dashboard_read_telemetry_and_nothing_was_taken_over(
+    workdir: Path, printed: str, env: dict[str, str]
+) -> None:
+    """The page's dashboard line is the one ``fleet init`` printed; it read two devices'
+    telemetry; neither the broker nor the control plane logged a session taken over."""
+    line = next(b for b in page_blocks() if "mosquitto_sub" in b).strip().removesuffix(" -C 2")
+    assert line.replace("$EF_MQTT_PORT", env["EF_MQTT_PORT"]) in printed
+    telemetry = [
+        x for x in printed.splitlines() if re.match(r"edgefleet/devices/[^/]+/telemetry ", x)
+    ]
+    assert len(telemetry) == 2, printed[-4000:]
+    assert "already connected" not in (workdir / "broker.log").read_text()
+    assert "session taken over" not in (workdir / "control-plane.log").read_text()
 
 
 def _end_group(pgid: int) -> None:

@@ -2,8 +2,8 @@
 the test-side fleet, agents with the fleet client on) and the control plane's (SQLite and
 PostgreSQL)."""
 
+from tests.agent.fleet.conftest import artifacts, broker, fleet, fleet_agent
 from tests.control_plane.conftest import db_url, start_agent, start_control_plane
-from tests.fleet.conftest import artifacts, broker, fleet, fleet_agent
 
 __all__ = [
     "artifacts",

@@ -15,6 +15,8 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.reasoncodes import ReasonCode
 
+from tests.mqtt_broker import stop_paho
+
 NOT_AUTHORIZED = 0x87
 
 
@@ -124,8 +126,4 @@ class ProbeClient:
             return [p for t, p, _ in self.received if t == topic]
 
     def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-        # paho's wake-up socket pair (two TCP sockets on 127.0.0.1) stays open after a failed
-        # connect; left to the cyclic collector, it is reported by whichever test runs next
-        self.client._reset_sockets()
+        stop_paho(self.client)

@@ -18,10 +18,10 @@ from common.protocol.messages import DesiredState
 from common.protocol.signing import sign_envelope
 from runtimes.examples.variants import mlp_version
 from tests.access.metrics import counts
+from tests.agent.fleet.conftest import AgentFactory
+from tests.agent.fleet.publisher import Fleet
+from tests.agent.fleet.test_updates import served
 from tests.agent.server import wait_until
-from tests.fleet.conftest import AgentFactory
-from tests.fleet.publisher import Fleet
-from tests.fleet.test_updates import served
 
 LIMIT = 64 * 1024
 REJECTED = "edgefleet_fleet_messages_rejected_total"

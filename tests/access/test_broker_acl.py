@@ -15,6 +15,7 @@ from control_plane.provisioning.acl import CONTROL_PLANE_USER
 from control_plane.provisioning.mosquitto import FleetAccess
 from control_plane.provisioning.passwords import hash_password, verify_password
 from runtimes.examples.variants import mlp_version
+from tests.access.fleet_broker import FleetBroker, on_control_plane_listener
 from tests.access.metrics import value
 from tests.access.mqtt_client import NOT_AUTHORIZED, ProbeClient
 from tests.agent.server import wait_until
@@ -27,7 +28,6 @@ from tests.control_plane.test_rollouts import (
     wait_devices,
     wait_rollout,
 )
-from tests.mqtt_broker import Mosquitto
 
 T = "edgefleet/devices"
 
@@ -48,12 +48,17 @@ def passwords(access: FleetAccess) -> dict[str, str]:
 
 
 @pytest.fixture
-def broker(tmp_path: Path, access: FleetAccess, passwords: dict[str, str]) -> Iterator[Mosquitto]:
+def broker(tmp_path: Path, access: FleetAccess, passwords: dict[str, str]) -> Iterator[FleetBroker]:
     out = tmp_path / "broker-config"
     access.write_config(out)
-    mosquitto = Mosquitto(tmp_path / "broker", extra_config=access.listener_options(out, tls=False))
+    mosquitto = FleetBroker(tmp_path / "broker", access, out, tls=False)
     yield mosquitto.start()
     mosquitto.stop()
+
+
+@pytest.fixture
+def start_control_plane(tmp_path: Path, db_url: str, broker: FleetBroker) -> ControlPlaneFactory:
+    return on_control_plane_listener(tmp_path, db_url, broker)
 
 
 def control_plane_password(access: FleetAccess) -> str:
@@ -75,19 +80,18 @@ def test_password_hashes_are_mosquittos_format(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_each_device_reaches_only_its_own_subtree(
-    broker: Mosquitto, access: FleetAccess, passwords: dict[str, str]
+    broker: FleetBroker, access: FleetAccess, passwords: dict[str, str]
 ) -> None:
     anonymous, wrong = (
         ProbeClient(broker.port),
         ProbeClient(broker.port, username="dev-a", password="nope"),
     )
     assert anonymous.connect() == NOT_AUTHORIZED and wrong.connect() == NOT_AUTHORIZED
-    fleet = ProbeClient(
-        broker.port, username=CONTROL_PLANE_USER, password=control_plane_password(access)
-    )
+    cp_password = control_plane_password(access)
+    fleet = ProbeClient(broker.cp_port, username=CONTROL_PLANE_USER, password=cp_password)
     a = ProbeClient(broker.port, username="dev-a", password=passwords["dev-a"])
     b = ProbeClient(broker.port, username="dev-b", password=passwords["dev-b"])
-    impostor = ProbeClient(broker.port, username=CONTROL_PLANE_USER, password=passwords["dev-a"])
+    impostor = ProbeClient(broker.cp_port, username=CONTROL_PLANE_USER, password=passwords["dev-a"])
     thief = ProbeClient(
         broker.port, username="dev-a", password=passwords["dev-a"], client_id="dev-b"
     )
@@ -124,6 +128,16 @@ def test_each_device_reaches_only_its_own_subtree(
         assert {t for t, _, _ in a.received} == {f"{T}/dev-a/desired"}
         # a device may not pose as the control plane either
         assert impostor.connect() == NOT_AUTHORIZED
+        # the control plane's credentials log in on its own listener only (issue 47: a
+        # dashboard using them took over its session), a device's on the devices' only
+        second = ProbeClient(broker.port, username=CONTROL_PLANE_USER, password=cp_password)
+        device_there = ProbeClient(broker.cp_port, username="dev-b", password=passwords["dev-b"])
+        try:
+            assert second.connect() == NOT_AUTHORIZED
+            assert device_there.connect() == NOT_AUTHORIZED
+        finally:
+            second.close()
+            device_there.close()
         # nor take over B's session with B's client id: the client id is the username
         assert thief.connect() == 0
         assert b.publish(f"{T}/dev-b/status", b"still here").value < 0x80
@@ -134,7 +148,7 @@ def test_each_device_reaches_only_its_own_subtree(
 
 
 def test_revoked_device_cannot_connect_after_a_reload(
-    broker: Mosquitto, tmp_path: Path, access: FleetAccess, passwords: dict[str, str]
+    broker: FleetBroker, tmp_path: Path, access: FleetAccess, passwords: dict[str, str]
 ) -> None:
     connected = ProbeClient(broker.port, username="dev-b", password=passwords["dev-b"])
     assert connected.connect() == 0

@@ -58,7 +58,9 @@ def test_issue_write_run_and_revoke(tmp_path: Path, started: list[subprocess.Pop
     assert bad.returncode != 0 and "reserved" in bad.stderr
     owner = pwd.getpwuid(os.geteuid()).pw_name  # the user mosquitto runs as, here ourselves
     write_config = ["fleet", "mosquitto-config", "--out", str(out), "--port", str(port)]
-    local = ["--bind", "127.0.0.1", "--owner", owner]
+    # (port + 1, the default, is often an outgoing connection's here: bind(0) picks odd ports)
+    cp_port = free_port()
+    local = ["--bind", "127.0.0.1", "--owner", owner, "--control-plane-port", str(cp_port)]
     written = edgefleet(*write_config, *local, "--dashboard", *common)
     assert f"wrote {out / 'mosquitto.conf'}" in written.stdout
     assert pw_a not in (out / "passwd").read_text()
@@ -70,6 +72,18 @@ def test_issue_write_run_and_revoke(tmp_path: Path, started: list[subprocess.Pop
     a = ProbeClient(port, username="dev-a", password=pw_a)
     dashboard_password = (state / "mqtt" / "edgefleet-dashboard.password").read_text()
     dashboard = ProbeClient(port, username="edgefleet-dashboard", password=dashboard_password)
+    cp_login = {
+        "username": "edgefleet-control-plane",
+        "password": (state / "mqtt" / "edgefleet-control-plane.password").read_text(),
+    }
+    # the control plane's credentials: refused to a second client on the devices' listener
+    # (issue 47: a dashboard with them took over its session once a second), taken on its own
+    second, own = ProbeClient(port, **cp_login), ProbeClient(cp_port, **cp_login)
+    try:
+        assert second.connect() == NOT_AUTHORIZED and own.connect() == 0
+    finally:
+        second.close()
+        own.close()
     try:
         assert a.connect() == 0 and dashboard.connect() == 0
         assert a.publish(f"{T}/dev-b/status", b"as b").value == NOT_AUTHORIZED
@@ -155,7 +169,9 @@ def test_init_writes_a_broker_and_a_control_plane_that_logs_in(
     open_dir: Path, started: list[subprocess.Popen[bytes]]
 ) -> None:
     fleet, mqtt_port, api_port = open_dir / "fleet", free_port(), free_port()
+    cp_port = free_port()
     ports = ["--mqtt-port", str(mqtt_port), "--api-port", str(api_port)]
+    ports += ["--control-plane-port", str(cp_port)]
     done = edgefleet("fleet", "init", str(fleet), *ports)
     token = (fleet / "operator-token").read_text().strip()
     assert token.startswith("efp_") and token in done.stdout  # printed, this once
@@ -166,7 +182,9 @@ def test_init_writes_a_broker_and_a_control_plane_that_logs_in(
     assert password_file.stat().st_mode & 0o777 == 0o600
     assert password_file.read_text() not in (fleet / "control-plane.toml").read_text()
     assert settings["mqtt_username"] == CONTROL_PLANE_USER and "mqtt_password" not in settings
-    assert settings["mqtt_url"] == f"mqtt://127.0.0.1:{mqtt_port}"
+    # the control plane on its own listener, devices on theirs (client id = username)
+    assert settings["mqtt_url"] == f"mqtt://127.0.0.1:{cp_port}"
+    assert f'mqtt_url = "mqtt://127.0.0.1:{mqtt_port}"' in done.stdout
     conf = fleet / "broker" / "mosquitto.conf"
     assert "persistence true" in conf.read_text().splitlines()
     # the next commands, in the order they run
@@ -221,12 +239,13 @@ def test_broker_files_follow_the_devices_and_the_broker_user(
     files at once; a SIGHUP applies them."""
     state, out, port = open_dir / "state", open_dir / "broker", free_port()
     common = ["--state-dir", str(state)]
-    listener = ["--port", str(port), "--bind", "127.0.0.1"]
+    cp_port = free_port()
+    listener = ["--port", str(port), "--bind", "127.0.0.1", "--control-plane-port", str(cp_port)]
     edgefleet("fleet", "mosquitto-config", "--out", str(out), *listener, *common)
     conf = (out / "mosquitto.conf").read_text().splitlines()
     owner = "mosquitto" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
     assert ("user mosquitto" in conf) is (os.geteuid() == 0)
-    for name in ("passwd", "acl", "mosquitto.conf", "data"):
+    for name in ("passwd", "acl", "services.passwd", "services.acl", "mosquitto.conf", "data"):
         assert pwd.getpwuid((out / name).stat().st_uid).pw_name == owner, name
     log = open_dir / "broker.log"
     broker = _start_broker(out / "mosquitto.conf", log, started, port)
@@ -238,8 +257,8 @@ def test_broker_files_follow_the_devices_and_the_broker_user(
     assert pwd.getpwuid((out / "passwd").stat().st_uid).pw_name == owner
     broker.send_signal(signal.SIGHUP)
     trust = "edgefleet/fleet/trust"
-    publisher = ProbeClient(
-        port,
+    publisher = ProbeClient(  # on its own listener
+        cp_port,
         username=CONTROL_PLANE_USER,
         password=(state / "mqtt" / f"{CONTROL_PLANE_USER}.password").read_text(),
     )
@@ -292,3 +311,20 @@ def test_the_password_file_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     with pytest.raises(ValidationError, match="not both") as refused:
         load_settings(toml, mqtt_password="inline-4b1d9e")
     assert "inline-4b1d9e" not in str(refused.value)  # the error shows no input
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("init", "{dir}", "--mqtt-port", "18830", "--control-plane-port", "18830"),
+        ("mosquitto-config", "--out", "{dir}", "--port", "65535", "--bind", "127.0.0.1")
+        + ("--state-dir", "{dir}-state"),
+    ],
+)
+def test_the_control_plane_listener_needs_a_port_of_its_own(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    out = tmp_path / "fleet"
+    result = edgefleet("fleet", *(a.format(dir=out) for a in args), check=False)
+    assert result.returncode == 2 and "--control-plane-port" in result.stderr, result.stderr
+    assert not out.exists()  # refused before anything was written

@@ -14,12 +14,12 @@ from cryptography import x509
 
 from control_plane.provisioning.acl import CONTROL_PLANE_USER
 from control_plane.provisioning.mosquitto import FleetAccess
+from tests.access.fleet_broker import FleetBroker, on_control_plane_listener
 from tests.access.metrics import value
 from tests.access.mqtt_client import NOT_AUTHORIZED, ProbeClient
 from tests.agent.server import wait_until
 from tests.control_plane.conftest import AgentFactory, ControlPlaneFactory
 from tests.control_plane.test_rollouts import wait_devices
-from tests.mqtt_broker import Mosquitto
 from tests.tls import TestCA
 
 T = "edgefleet/devices"
@@ -28,12 +28,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::ResourceWarning"),
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
 ]
-
-
-class TlsMosquitto(Mosquitto):
-    @property
-    def url(self) -> str:
-        return f"mqtts://127.0.0.1:{self.port}"
 
 
 @pytest.fixture
@@ -59,18 +53,21 @@ def certs(tmp_path: Path, access: FleetAccess) -> dict[str, tuple[Path, Path]]:
 @pytest.fixture
 def broker(
     tmp_path: Path, access: FleetAccess, certs: dict[str, tuple[Path, Path]]
-) -> Iterator[Mosquitto]:
+) -> Iterator[FleetBroker]:
     out = tmp_path / "broker-config"
     access.write_config(out, tls=True, server_names=("127.0.0.1", "localhost"))
-    mosquitto = TlsMosquitto(
-        tmp_path / "broker", extra_config=access.listener_options(out, tls=True)
-    )
+    mosquitto = FleetBroker(tmp_path / "broker", access, out, tls=True)
     yield mosquitto.start()
     mosquitto.stop()
 
 
+@pytest.fixture
+def start_control_plane(tmp_path: Path, db_url: str, broker: FleetBroker) -> ControlPlaneFactory:
+    return on_control_plane_listener(tmp_path, db_url, broker)
+
+
 def test_certificates_carry_the_device_id_and_the_broker_names(
-    access: FleetAccess, certs: dict[str, tuple[Path, Path]], tmp_path: Path, broker: Mosquitto
+    access: FleetAccess, certs: dict[str, tuple[Path, Path]], tmp_path: Path, broker: FleetBroker
 ) -> None:
     cert = x509.load_pem_x509_certificate(certs["dev-a"][0].read_bytes())
     assert cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value == "dev-a"
@@ -89,7 +86,7 @@ def test_certificates_carry_the_device_id_and_the_broker_names(
 
 
 def test_broker_requires_a_certificate_from_the_fleet_ca(
-    broker: Mosquitto, access: FleetAccess, certs: dict[str, tuple[Path, Path]], tmp_path: Path
+    broker: FleetBroker, access: FleetAccess, certs: dict[str, tuple[Path, Path]], tmp_path: Path
 ) -> None:
     ca = access.ca.cert_path
     service = access.service(CONTROL_PLANE_USER, tls=True)
@@ -99,7 +96,11 @@ def test_broker_requires_a_certificate_from_the_fleet_ca(
         ProbeClient(broker.port, ca=ca, cert=other_ca.cert, key=other_ca.key),
         ProbeClient(broker.port, ca=ca, cert=certs["dev-c"][0], key=certs["dev-c"][1]),  # revoked
     ]
-    fleet = ProbeClient(broker.port, ca=ca, cert=service.cert, key=service.key)
+    # the control plane's certificate, on the devices' listener: in its CRL (issue 47)
+    refused.append(ProbeClient(broker.port, ca=ca, cert=service.cert, key=service.key))
+    # its own listener takes its certificate and its password (services.passwd)
+    login = {"username": CONTROL_PLANE_USER, "password": service.password_file.read_text()}
+    fleet = ProbeClient(broker.cp_port, ca=ca, cert=service.cert, key=service.key, **login)
     a = ProbeClient(broker.port, ca=ca, cert=certs["dev-a"][0], key=certs["dev-a"][1])
     try:
         for probe in refused:
@@ -137,6 +138,8 @@ def test_real_control_plane_and_agent_over_mutual_tls(
     ca = access.ca.cert_path
     service = access.service(CONTROL_PLANE_USER, tls=True)
     cp_tls = {
+        "mqtt_username": CONTROL_PLANE_USER,
+        "mqtt_password_file": service.password_file,
         "mqtt_tls_ca_file": ca,
         "mqtt_tls_cert_file": service.cert,
         "mqtt_tls_key_file": service.key,
@@ -154,7 +157,7 @@ def test_real_control_plane_and_agent_over_mutual_tls(
 
 
 def test_a_certificate_revoked_later_is_refused_after_a_reload(
-    broker: Mosquitto, access: FleetAccess, certs: dict[str, tuple[Path, Path]], tmp_path: Path
+    broker: FleetBroker, access: FleetAccess, certs: dict[str, tuple[Path, Path]], tmp_path: Path
 ) -> None:
     ca, (cert, key) = access.ca.cert_path, certs["dev-b"]
     before = ProbeClient(broker.port, ca=ca, cert=cert, key=key)

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import uvicorn
 
-from agent.api.state import ApiState
 from agent.inference.versions import RuntimeFactory
 from agent.main import bind_socket, build_state, server_config
+from agent.serving.state import ServingState
 from agent.settings import AgentSettings
 from runtimes.backends import open_model
 
@@ -28,7 +28,7 @@ from runtimes.backends import open_model
 @dataclass
 class RunningAgent:
     url: str
-    state: ApiState
+    state: ServingState
     client: httpx.Client
 
     def infer_json(self, model: str, rows: Any, **extra: Any) -> httpx.Response:

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.api.state import ApiState
 from agent.main import build_state
+from agent.serving.state import ServingState
 from agent.settings import AgentSettings
 from agent.systemd import SystemdNotifier, notify_address
 from tests.agent.process import agent_process
@@ -47,7 +47,7 @@ def receive_until(sock: socket.socket, key: str, seen: list[dict[str, str]]) -> 
 
 
 @pytest.fixture
-def idle_state(tmp_path: Path) -> ApiState:
+def idle_state(tmp_path: Path) -> ServingState:
     (tmp_path / "empty-repo").mkdir()
     return build_state(AgentSettings(model_repository=tmp_path / "empty-repo"))
 
@@ -97,7 +97,7 @@ def test_agent_serves_when_the_notify_socket_is_gone(example_repo: Path, tmp_pat
         assert agent.proc.wait(timeout=60) == 0
 
 
-def test_abstract_namespace_socket_and_environment_unset(idle_state: ApiState) -> None:
+def test_abstract_namespace_socket_and_environment_unset(idle_state: ServingState) -> None:
     name = f"edgefleet-test-{os.getpid()}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind("\0" + name)
@@ -118,7 +118,7 @@ def test_abstract_namespace_socket_and_environment_unset(idle_state: ApiState) -
         assert sock.recv(4096) == b"STOPPING=1\nSTATUS=shutting down"
 
 
-def test_watchdog_meant_for_another_process_is_ignored(idle_state: ApiState) -> None:
+def test_watchdog_meant_for_another_process_is_ignored(idle_state: ServingState) -> None:
     environ = {"NOTIFY_SOCKET": "/run/systemd/notify", "WATCHDOG_USEC": "2000000"}
     environ["WATCHDOG_PID"] = str(os.getpid() + 1)
     notifier = SystemdNotifier.from_environment(environ, idle_state)
@@ -134,12 +134,12 @@ def test_notify_address_forms(value: str, address: str | None) -> None:
     assert notify_address(value) == address
 
 
-def test_no_notifier_outside_systemd(idle_state: ApiState) -> None:
+def test_no_notifier_outside_systemd(idle_state: ServingState) -> None:
     assert SystemdNotifier.from_environment({"PATH": "/bin"}, idle_state) is None
     assert SystemdNotifier.from_environment({"NOTIFY_SOCKET": "vsock:2:9"}, idle_state) is None
 
 
-def test_failed_send_is_reported_not_raised(idle_state: ApiState, tmp_path: Path) -> None:
+def test_failed_send_is_reported_not_raised(idle_state: ServingState, tmp_path: Path) -> None:
     notifier = SystemdNotifier(str(tmp_path / "absent"), idle_state)
     assert notifier.send("READY=1") is False
     notifier.close()

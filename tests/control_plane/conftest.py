@@ -76,9 +76,11 @@ def start_agent(
         cp: RunningControlPlane,
         *,
         models: tuple[str, ...] = ("mlp",),
+        device_hourly_cost: float | None = None,
         **overrides: Any,
     ) -> AbstractContextManager[RunningAgent]:
-        """``models``: the example models its repository starts with (at its first start)."""
+        """``models``: the example models its repository starts with (at its first start);
+        ``device_hourly_cost``: the agent's, for the costs its telemetry reports."""
         profile, labels = DEVICES[device_id]
         repo = tmp_path / f"repo-{device_id}"
         if not repo.exists():
@@ -94,6 +96,6 @@ def start_agent(
             reconnect_max_s=0.5,
             **overrides,
         )
-        return serve(repo, profile=profile, fleet=fleet)
+        return serve(repo, profile=profile, fleet=fleet, device_hourly_cost=device_hourly_cost)
 
     return start

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import uvicorn
+from fastapi import FastAPI
 
-from control_plane.api.app import create_app
 from control_plane.api.deps import Services
+from control_plane.app import create_app
 from control_plane.main import build
 from control_plane.settings import ControlPlaneSettings
 from tests.agent.server import wait_until
@@ -43,9 +44,19 @@ class RunningControlPlane:
         return self.state_dir / "trust-root.json"
 
 
+Attach = Callable[[FastAPI, Services, ControlPlaneSettings], None]
+"""What a caller adds to the app before it serves, as control_plane/main.py would (the
+Kubernetes controller with its API seam, in tests/k3s)."""
+
+
 @contextlib.contextmanager
 def control_plane(
-    state_dir: Path, db_url: str, mqtt_url: str, port: int, **overrides: Any
+    state_dir: Path,
+    db_url: str,
+    mqtt_url: str,
+    port: int,
+    attach: Attach | None = None,
+    **overrides: Any,
 ) -> Iterator[RunningControlPlane]:
     settings = ControlPlaneSettings(
         db_url=db_url,
@@ -61,6 +72,8 @@ def control_plane(
     )
     services, trust = build(settings)
     app = create_app(services, trust)
+    if attach is not None:
+        attach(app, services, settings)
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_config=None, access_log=False, loop="asyncio"
     )

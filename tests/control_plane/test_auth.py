@@ -6,8 +6,8 @@ import asyncio
 import stat
 from pathlib import Path
 
-from control_plane.api.auth import authenticate, bootstrap_admin
 from control_plane.db.session import make_engine, migrate, session_factory
+from control_plane.tokens import authenticate, bootstrap_admin
 
 
 def test_the_admin_token_file_is_private_even_over_a_readable_one(tmp_path: Path) -> None:

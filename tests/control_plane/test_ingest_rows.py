@@ -16,7 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import DateTime
 
-from control_plane.api.app import gc_thresholds
+from control_plane.app import gc_thresholds
 from control_plane.db.bulk import insert_rows, processors, raw_insert, sqlite_datetime
 from control_plane.db.models import DeviceSample, TelemetrySample
 from control_plane.db.session import make_engine, migrate, session_factory
@@ -214,6 +214,11 @@ def test_rows_many_to_a_statement_are_stored_as_one_a_statement_would_store_them
             "p95_ms": None,
             "p99_ms": 3.5,
             "queue_depth": 0,
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+            "ttft_p99_ms": None,
+            "inter_token_p99_ms": None,
+            "cost_per_1k_tokens": None,
             "received_at": base,
         }
         return tuple(values[column] for column in STORED_SAMPLE_COLUMNS)

@@ -25,7 +25,7 @@ from paho.mqtt.properties import Properties
 from control_plane.mqtt.codec import MqttError
 from control_plane.mqtt.wire import Ack, Connection, connect
 from tests.agent.server import wait_until
-from tests.mqtt_broker import Mosquitto
+from tests.mqtt_broker import Mosquitto, stop_paho
 from tests.tls import TestCA
 
 T = TypeVar("T")
@@ -94,8 +94,7 @@ def paho_client(mosquitto: Mosquitto) -> Iterator[paho.Client]:
     client.loop_start()
     wait_until(client.is_connected, 10, "paho connected")
     yield client
-    client.disconnect()
-    client.loop_stop()
+    stop_paho(client)
 
 
 def test_unacknowledged_messages_come_again_on_the_next_connection(
@@ -737,3 +736,23 @@ def test_a_reused_packet_id_gets_one_acknowledgement_per_message() -> None:
     writes, reused, counted = run(scenario())
     assert writes == [b"\x40\x02\x00\x07" * 2, b"\x40\x02\x00\x07"]
     assert reused == counted == 2
+
+
+def test_a_session_taken_over_ends_closed_by_the_broker_without_a_reason(
+    mosquitto: Mosquitto,
+) -> None:
+    """What :func:`control_plane.mqtt.bus.takeover_strikes` relies on: Mosquitto 2.0 closes a
+    session that another client takes over with the end of the stream, its 0x8E DISCONNECT
+    unsent (or, in a broker that sends it, with that reason); a close of our own is neither."""
+
+    async def scenario() -> tuple[Connection, Connection]:
+        first = await connect(HOST, mosquitto.port, "cp-stolen", Inbox(), clean_start=True)
+        second = await connect(HOST, mosquitto.port, "cp-stolen", Inbox(), clean_start=True)
+        await asyncio.wait_for(first.closed, 5)
+        await close_and_wait(second)
+        return first, second
+
+    first, second = run(scenario())
+    assert first.closed_by_peer or first.disconnect_reason == 0x8E
+    assert first.disconnect_reason in (None, 0x8E)
+    assert not second.closed_by_peer and second.disconnect_reason is None

@@ -75,7 +75,10 @@ def test_cli_push_validate_label_roll_out_and_rotate_keys(
         watched = edgefleet(cp, op, "rollouts", "status", "1", "--watch")
         assert "rollout 1: succeeded" in watched.stdout, watched.stdout
         assert served(b) == "2" and served(a) == "1"
-        assert b.client.get("/v2/models/mlp/config").json()["batching"]["max_batch_size"] == 16
+        assert (
+            b.client.get("/v2/models/mlp/config").json()["edgefleet"]["batching"]["max_batch_size"]
+            == 16
+        )
         # rotate the manifest key: devices get trust root 2 and accept what the new key signs
         viewer = cp.token("viewer")
         assert edgefleet(cp, viewer, "keys", "rotate").returncode != 0  # an admin action
@@ -179,7 +182,12 @@ def test_fleet_metrics(start_control_plane: ControlPlaneFactory, start_agent: Ag
             "edgefleet_devices_online 1.0" in text and "edgefleet_telemetry_messages_total" in text
         )
         health = cp.admin.get("/health").json()
+        leader = health.pop("leader")  # the one replica: epoch 0 on SQLite, a lease's on PG
         assert health == {"status": "ok", "database": True, "mqtt": True}
+        assert leader["this_replica"] is True and leader["id"] and leader["epoch"] >= 0
+        text = cp.admin.get("/metrics").text
+        epoch = f'edgefleet_leader_epoch{{leader="{leader["id"]}"}} {float(leader["epoch"])}'
+        assert epoch in text and "edgefleet_leading 1.0" in text
 
 
 def test_retention_reads_what_expired_through_the_time_index(tmp_path: Path) -> None:

@@ -3,14 +3,18 @@ use to count telemetry end to end."""
 
 from __future__ import annotations
 
+import contextlib
+import math
+import sqlite3
 import time
+from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
 from control_plane.db.session import sync_url
 
 # the same broker, artifact server and fleet side as the fleet tests
-from tests.fleet.conftest import artifacts, broker, fleet
+from tests.agent.fleet.conftest import artifacts, broker, fleet
 
 __all__ = ["artifacts", "broker", "fleet"]
 
@@ -38,3 +42,11 @@ def missing_telemetry(
             break
         time.sleep(0.1)  # a database poll: the count only grows
     return missing
+
+
+def oldest_held(state_dir: Path) -> float:
+    """The oldest telemetry sequence number an agent's outbox still holds (inf if none)."""
+    uri = f"file:{state_dir / 'outbox.sqlite3'}?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
+        (seq,) = db.execute("SELECT MIN(seq) FROM outbox WHERE kind = 'telemetry'").fetchone()
+    return math.inf if seq is None else seq

@@ -2,7 +2,7 @@
 an update has been downloaded and verified (not yet switched), and right after a commit. In
 every case the store on disk is consistent and the restarted agent serves the version the
 store's pointer names: the last committed one. (SIGKILL during the download and while the new
-version is active but uncommitted: tests/fleet/test_faults.py.)"""
+version is active but uncommitted: tests/agent/fleet/test_faults.py.)"""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from runtimes.examples.variants import mlp_version
+from tests.agent.fleet.publisher import Fleet
+from tests.agent.fleet.test_faults import _first_loaded, _process_config, _ready
 from tests.agent.process import agent_process
 from tests.agent.server import copy_models, wait_until
 from tests.faults.burst import Burst
 from tests.faults.store_check import check_store
-from tests.fleet.publisher import Fleet
-from tests.fleet.test_faults import _first_loaded, _process_config, _ready
 from tests.mqtt_broker import Mosquitto
 
 pytestmark = pytest.mark.slow

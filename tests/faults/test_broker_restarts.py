@@ -4,9 +4,6 @@ agent's outbox gave out to the rows the control plane stored."""
 
 from __future__ import annotations
 
-import contextlib
-import math
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -14,18 +11,10 @@ import pytest
 from agent.fleet.settings import FleetSettings
 from tests.agent.server import copy_models, serve, wait_until
 from tests.control_plane.server import control_plane
-from tests.faults.conftest import missing_telemetry, stored_seqs
+from tests.faults.conftest import missing_telemetry, oldest_held, stored_seqs
 from tests.mqtt_broker import Mosquitto, free_port
 
 pytestmark = pytest.mark.slow
-
-
-def oldest_held(state_dir: Path) -> float:
-    """The oldest telemetry sequence number an agent's outbox still holds (inf if none)."""
-    uri = f"file:{state_dir / 'outbox.sqlite3'}?mode=ro"
-    with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
-        (seq,) = db.execute("SELECT MIN(seq) FROM outbox WHERE kind = 'telemetry'").fetchone()
-    return math.inf if seq is None else seq
 
 
 RESTARTS = 3
@@ -49,9 +38,8 @@ def test_broker_killed_three_times_under_telemetry_loses_nothing_end_to_end(
         with serve(repo, fleet=fleet) as agent:
             client = agent.state.fleet
             assert client is not None
-            # until the control plane has acknowledged anything, the broker's PUBACK is all an
-            # agent keeps (agent.fleet.outbox): a broker killed then loses what it held
-            wait_until(lambda: client.outbox.end_to_end, what="the control plane's first ack")
+            # killed from the first second on: telemetry leaves the outbox only on the control
+            # plane's acknowledgement, never on the broker's PUBACK (agent.fleet.outbox)
             buffered = []
             for _ in range(RESTARTS):
                 mark = len(stored_seqs(db_url, "dev-t"))
@@ -77,4 +65,47 @@ def test_broker_killed_three_times_under_telemetry_loses_nothing_end_to_end(
         missing = missing_telemetry(db_url, "dev-t", produced)
         assert cp.services.bus.connected.is_set()
     assert broker.starts == RESTARTS + 1 and all(n >= 10 for n in buffered), buffered
+    assert not missing, f"telemetry lost: {sorted(missing)[:20]}"
+
+
+def test_a_broker_that_forgets_everything_in_the_first_second_loses_no_telemetry(
+    broker: Mosquitto, example_repo: Path, tmp_path: Path
+) -> None:
+    """A device's first messages, taken by the broker while the control plane is away (its
+    session queued there), and the broker killed and started again with its state gone (as
+    one without persistence): they come again once the control plane is back, since nothing
+    leaves the outbox on the broker's PUBACK. They were lost for good when the PUBACK was
+    trusted until the control plane's first acknowledgement."""
+    db_url = f"sqlite+aiosqlite:///{tmp_path}/cp.db"
+    with control_plane(tmp_path / "cp", db_url, broker.url, free_port()) as cp:
+        trust_root = cp.trust_root_file  # the control plane's keys, then it goes away
+    fleet = FleetSettings(
+        mqtt_url=broker.url,
+        device_id="dev-f",
+        state_dir=tmp_path / "state",
+        trust_root_file=trust_root,
+        telemetry_interval_s=0.02,
+        telemetry_resend_s=0.5,
+        reconnect_min_s=0.05,
+        reconnect_max_s=0.3,
+    )
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    with serve(repo, fleet=fleet) as agent:
+        client = agent.state.fleet
+        assert client is not None
+        wait_until(lambda: client.outbox_seq() >= 20, what="the first telemetry")
+        assert not client.outbox.end_to_end and len(client.outbox) >= 20  # all kept
+        broker.stop(kill=True)
+        for leftover in broker.workdir.glob("mosquitto.db*"):
+            leftover.unlink()  # what it held for the control plane is gone
+        broker.start()
+        with control_plane(tmp_path / "cp", db_url, broker.url, free_port()):
+            wait_until(lambda: client.connected.is_set(), what="the agent to reconnect")
+            produced = client.outbox_seq()
+            wait_until(
+                lambda: oldest_held(tmp_path / "state") > produced,
+                timeout_s=60,
+                what="the outbox to drain",
+            )
+    missing = missing_telemetry(db_url, "dev-f", produced)
     assert not missing, f"telemetry lost: {sorted(missing)[:20]}"

@@ -3,7 +3,7 @@ a torn write (a TFLite file cut in half) and bit rot (a block of an ONNX model's
 overwritten, so it still parses). Each of those models is reported failed, with the reason, in
 its readiness, the repository index, the logs and the device's status topic; the healthy model
 serves. A fleet-installed version that rotted is downloaded again when rolled out again.
-(A file of garbage bytes on the in-thread agent: tests/agent/test_lifecycle.py.)"""
+(A file of garbage bytes on the in-thread agent: tests/agent/inference/test_lifecycle.py.)"""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ import pytest
 
 from agent.fleet.settings import FleetSettings
 from runtimes.examples.variants import mlp_version
+from tests.agent.fleet.publisher import Fleet
+from tests.agent.fleet.test_faults import _process_config
+from tests.agent.fleet.test_updates import served
 from tests.agent.process import agent_process
 from tests.agent.server import copy_models, serve, wait_until
 from tests.faults.burst import BODY
-from tests.fleet.publisher import Fleet
-from tests.fleet.test_faults import _process_config
-from tests.fleet.test_updates import served
 from tests.mqtt_broker import Mosquitto
 
 pytestmark = pytest.mark.slow

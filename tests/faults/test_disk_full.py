@@ -15,11 +15,11 @@ import pytest
 
 from agent.fleet.settings import FleetSettings
 from runtimes.examples.variants import mlp_version
+from tests.agent.fleet.publisher import Fleet
+from tests.agent.fleet.test_updates import served
 from tests.agent.server import serve, wait_until
 from tests.control_plane.server import control_plane
 from tests.control_plane.test_rollouts import push, rollout, validate, wait_rollout
-from tests.fleet.publisher import Fleet
-from tests.fleet.test_updates import served
 from tests.mqtt_broker import Mosquitto, free_port
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from agent.api.access import ApiKeys
+from agent.serving.access import ApiKeys
 from agent.settings import AgentSettings
 from tests.agent.server import RunningAgent, copy_models, serve
 from tests.hardening.rawhttp import connect, head, read_response

@@ -28,7 +28,7 @@ import httpx
 import psutil
 import pytest
 
-from agent.api.http_limits import default_body_budget_bytes
+from agent.http.limits import default_body_budget_bytes
 from tests.agent.server import copy_models, serve, wait_until
 from tests.hardening.rawhttp import closed_by_peer, connect, head, read_response
 from tests.rss import PeakRss

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.api.http_answers import HeadHeld
+from agent.http.answers import HeadHeld
 from tests.agent.server import RunningAgent, copy_models, serve
 from tests.hardening.rawhttp import closed_by_peer, connect, head, read_response
 

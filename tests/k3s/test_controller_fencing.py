@@ -17,12 +17,12 @@ from sqlalchemy import func, select, text
 from control_plane.api.deps import Services
 from control_plane.db.models import Device, Model, ModelVersion, Rollout
 from control_plane.k8s.controller import ModelRolloutController
-from control_plane.k8s.settings import KubernetesSettings
 from control_plane.leadership.lease import Fenced
-from tests.enrolment.conftest import postgresql_database
+from control_plane.settings.kubernetes import KubernetesSettings
+from tests.control_plane.enrolment.conftest import postgresql_database
+from tests.control_plane.leadership.test_fencing import replica
 from tests.k3s.fake_kube import FakeKubeApi
 from tests.k3s.test_controller import modelrollout
-from tests.replicas.test_fencing import replica
 
 pytestmark = pytest.mark.slow
 

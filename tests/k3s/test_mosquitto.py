@@ -19,7 +19,7 @@ import pytest
 
 from tests.agent.server import wait_until
 from tests.k3s.schema import find, render
-from tests.mqtt_broker import free_port
+from tests.mqtt_broker import free_port, stop_paho
 
 PASSWORDS = {"control-plane": "cp-" + uuid.uuid4().hex, "agent": "agent-" + uuid.uuid4().hex}
 
@@ -53,8 +53,7 @@ class Client:
         self.client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(timeout=10)
 
     def close(self) -> None:
-        self.client.loop_stop()
-        self.client.disconnect()
+        stop_paho(self.client)
 
 
 @pytest.fixture

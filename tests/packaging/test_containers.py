@@ -90,7 +90,7 @@ def test_multi_stage_non_root_with_health_check(path: Path) -> None:
     if path in AGENT_FILES:
         assert route.group(1) in {getattr(r, "path", None) for r in v2_router.routes}
     else:
-        assert f'@app.get("{route.group(1)}"' in (ROOT / "control_plane/api/app.py").read_text()
+        assert f'@app.get("{route.group(1)}"' in (ROOT / "control_plane/app.py").read_text()
 
 
 def _assert_field(model: type[BaseModel], parts: list[str], variable: str) -> None:
@@ -146,3 +146,20 @@ def test_build_context_paths_exist(path: Path) -> None:
                 assert (ROOT / source).exists(), f"{path.name}: COPY {source}"
         for mount in re.findall(r"--mount=type=bind,source=([^,\s]+)", args):
             assert (ROOT / mount).is_dir(), f"{path.name}: bind mount {mount}"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_the_build_stage_copies_every_package_of_the_wheel(path: Path) -> None:
+    """A package the wheel holds but the image's build stage does not copy fails the build
+    (``common/`` was once left out of all four)."""
+    import tomllib
+
+    wheel = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]
+    packages = wheel["targets"]["wheel"]["packages"]
+    copied = {
+        source.rstrip("/")
+        for key, args in instructions(path)
+        if key == "COPY" and "--from=" not in args
+        for source in args.split()[:-1]
+    }
+    assert packages and not set(packages) - copied, set(packages) - copied

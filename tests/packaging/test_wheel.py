@@ -41,7 +41,7 @@ def test_wheel_carries_the_packages_profiles_and_entry_points(dist: Dist) -> Non
             "agent/cli.py",
             "agent/systemd.py",
             "runtimes/backends/__init__.py",
-            "control_plane/cli.py",
+            "control_plane/cli/__init__.py",
             "common/protocol/__init__.py",
         ):
             assert module in names

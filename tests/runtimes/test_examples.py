@@ -30,7 +30,7 @@ def test_repository_layout_and_formats(example_repo: Path) -> None:
         "cnn_ir": ModelFormat.OPENVINO_IR,
         "mlp_tflite": ModelFormat.TFLITE,
     }
-    assert set(EXAMPLE_MODELS) == set(expected) | {"classifier", "digits"}
+    assert set(EXAMPLE_MODELS) == set(expected) | {"classifier", "digits", "tiny-lm"}
     for name, fmt in expected.items():
         model_file, found = find_model_file(example_repo / name / "1")
         assert found is fmt
@@ -42,7 +42,9 @@ def test_repository_layout_and_formats(example_repo: Path) -> None:
 
 
 def test_writing_twice_gives_identical_bytes(example_repo: Path, tmp_path: Path) -> None:
-    write_example_repository(tmp_path, models=("mlp", "mlp_tflite", "cnn", "classifier", "digits"))
+    write_example_repository(
+        tmp_path, models=("mlp", "mlp_tflite", "cnn", "classifier", "digits", "tiny-lm")
+    )
     first = {k: v for k, v in _digests(example_repo).items() if not k.startswith("cnn_ir")}
     assert _digests(tmp_path) == first
 

@@ -12,10 +12,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2
 from tritonclient.utils import InferenceServerException
 
 from runtimes.golden import GoldenSample
-from tests.agent.grpc.conftest import GrpcAgent, grpc_settings
+from tests.agent.grpc.conftest import MODELS, GrpcAgent, grpc_settings
 from tests.agent.server import copy_models, serve
 
 
@@ -57,14 +59,41 @@ def test_model_metadata_and_config(
     assert meta["outputs"][0]["name"] == "logits"
     config = client.get_model_config("cnn", as_json=True)["config"]
     assert config["input"][0]["data_type"] == "TYPE_FP32"
-    # batched or not, as the agent chose at load; batched, dims leave the batch out (Triton)
-    lv = grpc_agent.rest.state.service.resolve("cnn", None)
-    if lv.batcher.batched:
-        assert int(config["max_batch_size"]) == lv.batcher.max_rows
-        assert config["input"][0]["dims"] == ["3", "224", "224"]
-    else:
-        assert "max_batch_size" not in config  # 0, left out of the JSON
-        assert config["input"][0]["dims"] == ["-1", "3", "224", "224"]
+    # joined by the batcher or not (as measured at load), its rows batch: dims leave them out
+    assert int(config["max_batch_size"]) == 32
+    assert config["input"][0]["dims"] == ["3", "224", "224"]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_config_is_triton_s_and_one_document_over_rest_and_grpc(
+    grpc_agent: GrpcAgent, client: grpcclient.InferenceServerClient, model: str
+) -> None:
+    """What perf_analyzer and Model Analyzer read, in Triton's fields, on both transports;
+    REST keeps edgefleet's own document beside them."""
+    rest = grpc_agent.rest.client.get(f"/v2/models/{model}/config").json()
+    ours = rest.pop("edgefleet")
+    assert ours["placement"]["runtime"] == "onnxruntime" and ours["instances"] >= 1
+    over_grpc = client.get_model_config(model).config
+    assert json_format.ParseDict(rest, model_config_pb2.ModelConfig()) == over_grpc
+    lv = grpc_agent.rest.state.service.resolve(model, None)
+    assert rest["name"] == model and rest["backend"] == "onnxruntime"
+    assert rest["platform"] == "onnxruntime_onnx" and rest["version_policy"] == {
+        "specific": {"versions": [1]}
+    }
+    assert rest["instance_group"][0]["kind"] == "KIND_CPU"
+    assert rest["instance_group"][0]["count"] == ours["instances"]
+    assert [t["name"] for t in rest["input"]] == [t.name for t in lv.signature.inputs]
+    # both models' rows batch: requests of up to the configured size, dims without the rows
+    assert rest["max_batch_size"] == lv.config.batching.max_batch_size == 32
+    assert rest["input"][0]["dims"] == list(lv.signature.inputs[0].shape[1:])
+    if lv.batcher.batched:  # the batcher joins requests: its settings, in Triton's names
+        batching = rest["dynamic_batching"]
+        assert batching["preferred_batch_size"] == [lv.batcher.max_rows]
+        assert (
+            batching["default_queue_policy"]["max_queue_size"] == lv.batcher.config.max_queue_size
+        )
+    else:  # measured at load not to pay: served one request at a time, as Triton's default
+        assert "dynamic_batching" not in rest and ours["batching"]["max_batch_size"] == 0
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
@@ -92,6 +121,32 @@ def test_statistics_count_grpc_requests(
     assert count() == before + x.shape[0]
     everything = client.get_inference_statistics(as_json=True)["model_stats"]
     assert {s["name"] for s in everything} == {"mlp", "cnn"}
+
+
+def test_statistics_are_triton_s_with_equal_compute_counts_on_both_transports(
+    grpc_agent: GrpcAgent, client: grpcclient.InferenceServerClient, example_repo: Path
+) -> None:
+    """perf_analyzer aborts on statistics whose compute_input, compute_infer and
+    compute_output counts differ, and reads every duration and the cache's over REST."""
+    x = golden_input(example_repo, "mlp")
+    for _ in range(3):
+        client.infer("mlp", [infer_input(x)])
+    rest = grpc_agent.rest.client.get("/v2/models/mlp/stats").json()
+    over_grpc = client.get_inference_statistics("mlp")
+    (stats,) = rest["model_stats"]
+    assert stats.pop("fail_by_reason") == {}  # edgefleet's own, beside Triton's
+    parsed = json_format.ParseDict(rest, service_pb2.ModelStatisticsResponse())
+    assert parsed == over_grpc
+    durations = stats["inference_stats"]
+    counts = {
+        k: durations[k]["count"] for k in ("compute_input", "compute_infer", "compute_output")
+    }
+    assert set(counts.values()) == {durations["success"]["count"]} and counts["compute_infer"] >= 3
+    assert durations["compute_infer"]["ns"] > 0 and durations["queue"]["count"] >= 3
+    assert durations["cache_hit"] == durations["cache_miss"] == {"count": 0, "ns": 0}
+    for size in stats["batch_stats"]:
+        assert size["compute_input"]["count"] == size["compute_infer"]["count"]
+        assert size["compute_output"]["count"] == size["compute_infer"]["count"]
 
 
 def test_stream_infer_answers_in_order(

@@ -3,6 +3,7 @@ registered over gRPC or REST, inputs read from and outputs written into them by 
 
 from __future__ import annotations
 
+import base64
 import tempfile
 import threading
 import uuid
@@ -76,7 +77,8 @@ def test_grpc_shared_memory_in_and_out_equals_onnx_runtime(
         assert status["in"] == {"name": "in", "key": in_key, "byte_size": str(x.nbytes)}
         inputs, outputs = shm_request(x, expected.nbytes)
         result = client.infer(model, inputs, outputs=outputs)
-        assert not result.get_response().raw_output_contents  # in the region, not the answer
+        # in the region, not the answer: its entry empty, one per output as Triton writes
+        assert list(result.get_response().raw_output_contents) == [b""]
         got = shm.get_contents_as_numpy(out_handle, np.float32, list(expected.shape))
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
         params = result.get_output("logits").parameters
@@ -189,3 +191,15 @@ def test_unregistered_while_in_use_fails_that_request(
                 tensor = grpcclient.InferInput("input", list(x.shape), "FP32")
                 tensor.set_data_from_numpy(x)
                 assert c.infer("mlp", [tensor]).as_numpy("logits").shape == (x.shape[0], 10)
+
+
+def test_cuda_shared_memory_is_answered_as_a_triton_without_a_gpu(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    assert client.get_cuda_shared_memory_status(as_json=True) == {}
+    client.unregister_cuda_shared_memory()
+    with pytest.raises(InferenceServerException) as refused:
+        # a cudaIpcMemHandle_t is 64 bytes, sent base64-encoded as tritonclient's helpers do
+        client.register_cuda_shared_memory("frames", base64.b64encode(bytes(64)), 0, 64)
+    assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "CUDA shared memory is not supported" in str(refused.value)
