@@ -1,7 +1,7 @@
 """Zero-touch enrolment at scale: ``--devices`` devices join at once with one claim.
 
-A real Mosquitto (``--accounts dynsec``: its dynamic security plugin, with the file ``edgefleet
-fleet dynsec-config`` writes; ``password_file``: the broker directory ``edgefleet fleet``
+A real Mosquitto (``--accounts dynsec``: its dynamic security plugin, the broker directory
+``edgefleet fleet dynsec-config`` writes; ``password_file``: the one ``edgefleet fleet``
 writes, reloaded on SIGHUP), a control plane process on a fresh PostgreSQL database (the
 server at ``--pg-admin``) and the simulated devices of :mod:`benchmarks.fleet.enrolsim`, each
 a real process on 127.0.0.1::
@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ from benchmarks.fleet.measure import Monitor, _backends
 from benchmarks.fleet.replicas import database
 from benchmarks.fleet.stack import LineChild, process, wait_for
 from control_plane.provisioning.acl import CONTROL_PLANE_USER
+from control_plane.provisioning.dynsec_broker import write_dynsec_broker
 from control_plane.provisioning.mosquitto import FleetAccess
 
 DYNSEC_PLUGINS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib")
@@ -51,23 +51,29 @@ def dynsec_plugin() -> str:
     raise FileNotFoundError("no mosquitto_dynamic_security.so (Debian's mosquitto package)")
 
 
-def broker_config(workdir: Path, state: Path, port: int, accounts: str) -> Path:
-    """The broker's mosquitto.conf, logins required."""
+def broker_config(
+    workdir: Path, state: Path, port: int, accounts: str, control_plane_port: int
+) -> Path:
+    """The broker's mosquitto.conf as ``edgefleet fleet`` writes it, logins required: the
+    devices on ``port``, the control plane on ``control_plane_port`` (its own listener)."""
+    owner = "root" if os.geteuid() == 0 else None  # started as root: stay root
     if accounts == "password_file":
-        owner = "root" if os.geteuid() == 0 else None  # started as root: stay root
         return FleetAccess(state).write_config(
-            workdir / "broker", port=port, bind="127.0.0.1", owner=owner
+            workdir / "broker",
+            port=port,
+            bind="127.0.0.1",
+            owner=owner,
+            control_plane_port=control_plane_port,
         )
-    plugin_file = workdir / "dynamic-security.json"
-    exe = str(Path(sys.executable).parent / "edgefleet")
-    args = ["fleet", "dynsec-config", "--out", str(plugin_file), "--state-dir", str(state)]
-    subprocess.run([exe, *args], check=True, capture_output=True)
-    conf = workdir / "mosquitto.conf"
-    text = stack.mosquitto_config(port, workdir).replace(
-        "allow_anonymous true", "allow_anonymous false"
-    )
-    conf.write_text(text + f"plugin {dynsec_plugin()}\nplugin_opt_config_file {plugin_file}\n")
-    return conf
+    return write_dynsec_broker(
+        FleetAccess(state),
+        workdir / "broker",
+        port=port,
+        control_plane_port=control_plane_port,
+        bind="127.0.0.1",
+        plugin=Path(dynsec_plugin()),
+        owner=owner,
+    ).conf
 
 
 def cp_config(
@@ -112,12 +118,12 @@ def run(
         logs.mkdir(parents=True)
         state = workdir / "control-plane"
         db_url = s.enter_context(database(pg_admin))
-        mqtt_port, cp_port = stack.free_port(), stack.free_port()
-        conf = broker_config(workdir, state, mqtt_port, accounts)
+        mqtt_port, cp_port, cp_mqtt_port = stack.free_port(), stack.free_port(), stack.free_port()
+        conf = broker_config(workdir, state, mqtt_port, accounts, cp_mqtt_port)
         exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         broker = s.enter_context(process([exe, "-c", str(conf)], logs / "mosquitto.out"))
         wait_for("the broker", lambda: stack.port_open(mqtt_port), 20)
-        config = cp_config(workdir, state, mqtt_port, cp_port, db_url, accounts)
+        config = cp_config(workdir, state, cp_mqtt_port, cp_port, db_url, accounts)
         cp_args = [str(Path(sys.executable).parent / "edgefleet"), "control-plane"]
         cp_args += ["--config", str(config)]
         if profile:  # cProfile writes it when the control plane exits (SIGTERM: a clean exit)

@@ -46,7 +46,8 @@ def free_port() -> int:
 
 
 @contextmanager
-def agent_process(repository: Path, port: int) -> Iterator[psutil.Process]:
+def agent_process(repository: Path, port: int, *flags: str) -> Iterator[psutil.Process]:
+    """``edgefleet agent`` serving ``repository`` on ``port`` (and ``flags``), once ready."""
     env = {
         **os.environ,
         "EDGEFLEET_AGENT_ACCESS_LOG": "false",
@@ -54,7 +55,7 @@ def agent_process(repository: Path, port: int) -> Iterator[psutil.Process]:
     }
     exe = Path(sys.executable).parent / "edgefleet"
     proc = subprocess.Popen(
-        [str(exe), "agent", "--model-repository", str(repository), "--port", str(port)],
+        [str(exe), "agent", "--model-repository", str(repository), "--port", str(port), *flags],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

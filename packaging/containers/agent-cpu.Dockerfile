@@ -12,6 +12,7 @@ WORKDIR /src
 # only what the wheel is built from (BuildKit sends only these paths of the context)
 COPY pyproject.toml README.md ./
 COPY agent agent
+COPY common common
 COPY runtimes runtimes
 COPY control_plane control_plane
 COPY hardware_profiles hardware_profiles

@@ -14,6 +14,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY agent agent
+COPY common common
 COPY runtimes runtimes
 COPY control_plane control_plane
 COPY hardware_profiles hardware_profiles
