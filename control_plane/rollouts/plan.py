@@ -18,6 +18,7 @@ from control_plane.registry.store import get_version
 from control_plane.rollouts.events import CHUNK
 from control_plane.rollouts.manifests import build_manifest
 from control_plane.rollouts.spec import RolloutSpec, wave_bounds
+from runtimes.formats import GENAI_FORMAT
 
 """Rollout states that still act on their devices."""
 
@@ -174,11 +175,7 @@ def refuse_unjudgeable(spec: RolloutSpec, mv: ModelVersion) -> None:
     """
     name = f"{spec.model} v{spec.version}"
     pipeline = any(f.get("name") == PIPELINE_FILE for v in mv.variants for f in v.get("files", []))
-    if spec.gates.max_drift is not None and mv.reference is None:
-        raise Invalid(
-            f"gates.max_drift: {name} has no reference set to judge input drift against; "
-            "push it with --reference, or leave max_drift out"
-        )
+    generative = any(v.get("format") == GENAI_FORMAT for v in mv.variants)
     for gate, given in (
         ("shadow", spec.shadow is not None),
         ("gates.max_drift", spec.gates.max_drift is not None),
@@ -187,4 +184,21 @@ def refuse_unjudgeable(spec: RolloutSpec, mv: ModelVersion) -> None:
             raise Invalid(
                 f"{gate}: {name} is a pipeline; devices neither shadow nor sketch the inputs "
                 "of pipelines, so this gate could never judge"
+            )
+        if given and generative:
+            raise Invalid(
+                f"{gate}: {name} is a generative model; devices neither shadow nor sketch the "
+                "prompts of generative models, so this gate could never judge; gate it on "
+                "max_ttft_p99_ms and max_inter_token_p99_ms"
+            )
+    if spec.gates.max_drift is not None and mv.reference is None:
+        raise Invalid(
+            f"gates.max_drift: {name} has no reference set to judge input drift against; "
+            "push it with --reference, or leave max_drift out"
+        )
+    for gate in ("max_ttft_p99_ms", "max_inter_token_p99_ms"):
+        if getattr(spec.gates, gate) is not None and not generative:
+            raise Invalid(
+                f"gates.{gate}: {name} is not a generative model; it generates no tokens, so "
+                "this gate could never judge"
             )

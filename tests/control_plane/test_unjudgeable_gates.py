@@ -12,9 +12,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from runtimes.examples.tiny_lm import write_tiny_lm
 from runtimes.examples.variants import mlp_version
 from tests.agent.server import wait_until
 from tests.control_plane.conftest import AgentFactory, ControlPlaneFactory, RunningControlPlane
+from tests.control_plane.test_operations import edgefleet
 from tests.control_plane.test_rollouts import push, rollout, validate, wait_devices, wait_rollout
 
 
@@ -57,6 +59,35 @@ def test_a_shadow_of_a_pipeline_is_refused(
         answer = _create(cp, model="classifier", version=1, shadow={"min_requests": 10})
         assert answer.status_code == 400, answer.text
         assert "shadow: classifier v1 is a pipeline" in answer.text
+
+
+def test_gates_a_generative_model_cannot_feed_are_refused_and_token_gates_elsewhere(
+    start_control_plane: ControlPlaneFactory, tmp_path: Path
+) -> None:
+    with start_control_plane() as cp:
+        folder = tmp_path / "tiny-lm"
+        folder.mkdir()
+        write_tiny_lm(folder, seed=4802)
+        pushed = edgefleet(cp, cp.token("operator"), "models", "push", "tiny-lm", "2", str(folder))
+        assert pushed.returncode == 0, pushed.stderr
+        for refused, gate in (
+            ({"shadow": {"min_requests": 10}}, "shadow"),
+            ({"gates": {"max_drift": 0.2}}, "gates.max_drift"),
+        ):
+            answer = _create(cp, model="tiny-lm", **refused)
+            assert answer.status_code == 400, answer.text
+            assert f"{gate}: tiny-lm v2 is a generative model" in answer.text
+        assert validate(cp.admin, "tiny-lm", 2)["passed"]
+        gated = _create(cp, model="tiny-lm", gates={"max_ttft_p99_ms": 500})
+        # its own gates are taken: what stops it is that no device is enrolled here (the
+        # rollout itself: test_generative_rollouts.py)
+        assert gated.status_code == 400 and "selector: no device" in gated.text, gated.text
+
+        push(cp.admin, "mlp", 2, [(mlp_version(tmp_path / "v2", seed=2), [])])
+        for gate in ("max_ttft_p99_ms", "max_inter_token_p99_ms"):
+            answer = _create(cp, gates={gate: 100})
+            assert answer.status_code == 400, answer.text
+            assert f"gates.{gate}: mlp v2 is not a generative model" in answer.text
 
 
 @pytest.mark.slow
