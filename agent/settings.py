@@ -50,7 +50,7 @@ class GrpcCoreLog(StrEnum):
 class GrpcSettings(BaseModel):
     """The gRPC endpoint's settings (``[grpc]``, ``EDGEFLEET_AGENT_GRPC__*``)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     enabled: bool = False
     """Serve KServe V2 / Triton gRPC beside REST. Off by default: one more open port is a
@@ -88,7 +88,7 @@ class GrpcSettings(BaseModel):
 class PayloadLogSettings(BaseModel):
     """Where payload records go (``[payload_log]``), for the models whose config enables them."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     path: Path | None = None
     """A JSON-lines file; at ``max_file_bytes`` it becomes ``<path>.1`` (one kept)."""
@@ -107,7 +107,6 @@ class AgentSettings(BaseSettings):
         env_nested_delimiter="__",
         frozen=True,
         extra="forbid",
-        use_attribute_docstrings=True,
         hide_input_in_errors=True,  # an error about the whole model would print its secrets
     )
 

@@ -45,7 +45,7 @@ _FILE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"  # a plain name in the version di
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class _Step(_Strict):

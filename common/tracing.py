@@ -17,7 +17,7 @@ class TracingSettings(BaseModel):
     ``OTEL_TRACES_SAMPLER`` and ``OTEL_TRACES_SAMPLER_ARG``, ``OTEL_SERVICE_NAME``,
     ``OTEL_RESOURCE_ATTRIBUTES``), read by the OpenTelemetry SDK itself."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     enabled: bool = False
     """Export a span per request over OTLP/HTTP. Off by default, and then the SDK is not even

@@ -15,7 +15,6 @@ class RuntimeSettings(BaseModel):
     model_config = ConfigDict(
         frozen=True,
         extra="forbid",
-        use_attribute_docstrings=True,
         hide_input_in_errors=True,  # an error about the whole model would print its secrets
     )
 

@@ -17,7 +17,6 @@ class FleetSettings(BaseModel):
     model_config = ConfigDict(
         frozen=True,
         extra="forbid",
-        use_attribute_docstrings=True,
         hide_input_in_errors=True,  # an error about the whole model would print its secrets
     )
 

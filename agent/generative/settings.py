@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class GenerativeSettings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_sequences: int = Field(default=16, ge=1, le=256)
     """Sequences decoding at once (the cache's slots): every step decodes one token for each

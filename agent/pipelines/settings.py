@@ -22,7 +22,7 @@ class PythonSteps(StrEnum):
 
 
 class PipelineSettings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     python_steps: PythonSteps = PythonSteps.OFF
     """Whether models' Python steps may run; off by default (it is code pushed to devices)."""

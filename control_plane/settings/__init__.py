@@ -30,7 +30,6 @@ class ControlPlaneSettings(BaseSettings):
         env_nested_delimiter="__",
         frozen=True,
         extra="forbid",
-        use_attribute_docstrings=True,
         hide_input_in_errors=True,  # an error about the whole model would print its secrets
     )
 

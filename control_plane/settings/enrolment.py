@@ -18,7 +18,7 @@ class AccountsKind(StrEnum):
 
 
 class EnrolmentSettings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     accounts: AccountsKind = AccountsKind.PASSWORD_FILE
     """Where enrolled devices get their broker user."""
