@@ -382,8 +382,8 @@ import common.cli
 made = common.cli.root
 
 
-def root():
-    cli = made()
+def root(invoked=None):
+    cli = made(invoked)
 
     @cli.command("boom")
     def boom():

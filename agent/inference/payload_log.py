@@ -23,12 +23,14 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import numpy as np
 
 from common.model_config import PayloadLogConfig, PayloadLogMode
+
+if TYPE_CHECKING:  # httpx (and what it imports) only where a sink is an HTTP URL
+    import httpx
 
 log = logging.getLogger("edgefleet.agent.payload_log")
 BATCH_RECORDS = 100
@@ -121,7 +123,11 @@ class PayloadLog:
 
     def _run(self) -> None:
         batch: list[dict[str, Any]] = []
-        client = httpx.Client(timeout=10) if self.url else None
+        client = None
+        if self.url:
+            import httpx
+
+            client = httpx.Client(timeout=10)
         deadline = time.monotonic() + FLUSH_S
         try:
             while True:
@@ -152,6 +158,8 @@ class PayloadLog:
             except OSError as exc:
                 failed = f"{self.path}: {exc}"
         if client is not None and self.url is not None:
+            import httpx
+
             try:
                 response = client.post(self.url, json=batch)
                 if response.status_code >= 300:
