@@ -49,7 +49,7 @@ class ModelConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class BatchingConfig(_Strict):
@@ -63,7 +63,8 @@ class BatchingConfig(_Strict):
     not given (a size written is the size served), true always, false never: whether a batch
     pays depends on the device (on some CPUs two rows of a CNN cost as much as two single
     rows). Costs up to half a second of load time, and at least two runs at one row and two
-    at two. The model's metadata and config give the result."""
+    at two; with ``runtime.cache_dir`` a restart reuses what was measured (agent/inference/
+    tuning_cache.py). The model's metadata and config give the result."""
     preferred_batch_sizes: tuple[int, ...] = ()
     """Batch sizes to run at once when they can be formed, without waiting the delay."""
     max_queue_delay_us: int = Field(default=0, ge=0)

@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from agent.errors import AgentError, LoadError, MemoryBudgetError
+from agent.inference import tuning_cache
 from agent.inference.batcher import INLINE_MAX_S, Batcher, BatchObserver
 from agent.inference.pipelined import PipelineVersion
 from agent.inference.priority import run_lowered
 from agent.inference.stats import VersionStats
 from agent.inference.tuning import BatchTuning, instances_kept, tune_batch_size, with_instances
+from agent.inference.tuning_cache import TuningKey
 from agent.inference.versions import (
     LoadedVersion,
     RuntimeFactory,
@@ -274,8 +276,25 @@ class VersionLoader:
         batching = at.config.batching
         if not (batching.measured and batching.max_batch_size > 1):
             return None
+        cache_dir = self.runtime_settings.cache_dir
+        key = None
+        if cache_dir is not None and at.plan is not None:
+            key = TuningKey(
+                at.model_file,
+                at.plan.placement.describe(),
+                len(runtimes),
+                self.runtime_settings.intra_op_threads,
+                batching.max_batch_size,
+                self.cpu_count,
+            )
+            kept = tuning_cache.load(cache_dir, key)
+            if kept is not None:
+                log.info("batch size from the cache", extra=at.log_extra(**kept.describe()))
+                return kept
         tuning = tune_batch_size(runtimes, ran, batching.max_batch_size)
         log.info("batch size measured", extra=at.log_extra(**tuning.describe()))
+        if cache_dir is not None and key is not None:
+            tuning_cache.store(cache_dir, key, tuning)
         return tuning
 
     async def _build_pipeline(self, at: LoadAttempt) -> None:

@@ -123,6 +123,49 @@ def test_a_dense_model_is_measured_to_batch(example_repo: Path, tmp_path: Path) 
         assert config["batching"]["tune"] is True and config["batch_tuning"] == tuning
 
 
+def test_a_restart_takes_the_measured_batch_size_from_the_runtime_cache(
+    example_repo: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With ``runtime.cache_dir`` the measurement is kept: the next start of the same model
+    file on the same placement serves what was measured without measuring; a model file
+    changed, or an entry that cannot be read, is measured again."""
+
+    def factory(model_file: Path, placement: Placement, settings: RuntimeSettings) -> Runtime:
+        return ShapedRuntime(open_model(model_file, placement, settings), call_s=0.005)
+
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp", configs={"mlp": ONE + TUNED})
+    cache = tmp_path / "cache"
+
+    def start() -> tuple[dict[str, object], list[str]]:
+        caplog.clear()
+        with (
+            caplog.at_level("INFO", logger="edgefleet.agent"),
+            serve(repo, runtime_factory=factory, runtime={"cache_dir": str(cache)}) as agent,
+        ):
+            params = agent.client.get("/v2/models/mlp").json()["parameters"]
+            assert agent.infer_json("mlp", [ROW, ROW]).status_code == 200
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batch size")]
+        return params["batch_tuning"], said
+
+    measured, said = start()
+    assert said == ["batch size measured"] and measured["max_batch_size"] >= 4, measured
+    (entry,) = (cache / "tuning").iterdir()
+    again, said = start()
+    assert said == ["batch size from the cache"]
+    assert again == measured  # the very rates measured, not a second measurement
+
+    model_file = repo / "mlp" / "1" / "model.onnx"
+    os.utime(model_file, ns=(time.time_ns(), time.time_ns() + 10**9))
+    _, said = start()
+    assert said == ["batch size measured"]  # another file: measured again, kept beside
+    assert len(list((cache / "tuning").iterdir())) == 2
+    for kept in (cache / "tuning").iterdir():
+        kept.write_text("{not json")
+    _, said = start()
+    assert said == ["batch size measured"]  # an unreadable entry is measured past
+    assert entry.exists()
+
+
 class ShapedRuntime(Runtime):
     """The real backend, taking ``call_s`` more per call and ``row_s`` more per row it runs
     (``row_s`` alone: a model whose batch costs as much per row as single rows, as a large
