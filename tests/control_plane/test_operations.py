@@ -330,6 +330,8 @@ def test_grafana_dashboard_queries_exported_series() -> None:
     dashboard = json.loads((Path(__file__).parents[2] / "docs/grafana-dashboard.json").read_text())
     exported = FleetMetrics().render().decode()
     for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            break  # the agents' panels below: tests/agent/openai/test_grafana.py
         for target in panel["targets"]:
             for name in re.findall(r"edgefleet_[a-z_]+", target["expr"]):
                 assert f"# TYPE {name.removesuffix('_total')}" in exported or name in exported, name
