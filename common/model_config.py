@@ -157,6 +157,20 @@ class PayloadLogConfig(_Strict):
     """In ``tensors`` mode, a tensor larger than this is logged as its digest only."""
 
 
+class TfServingConfig(_Strict):
+    """TensorFlow Serving's ``:classify`` and ``:regress`` for this model (docs/local-apps.md):
+    which output answers them. Without it both answer 400 naming this section."""
+
+    classify_output: str | None = None
+    """The output holding one score per class for each example: ``:classify`` answers
+    ``[label, score]`` pairs, in the model's class order."""
+    labels_file: str | None = None
+    """A file of the version folder with one class label per line; without it, classes are
+    named by their index."""
+    regress_output: str | None = None
+    """The output holding one value per example: ``:regress`` answers it."""
+
+
 class ModelConfig(_Strict):
     description: str = ""
     """Free text shown in metadata."""
@@ -178,6 +192,8 @@ class ModelConfig(_Strict):
     version's own pipeline.toml takes its place for that version."""
     payload_log: PayloadLogConfig = PayloadLogConfig()
     """A sampled log of this model's request and response tensors (off by default)."""
+    tfserving: TfServingConfig = TfServingConfig()
+    """The outputs TF Serving's ``:classify`` and ``:regress`` read."""
 
 
 def parse_model_config(text: str, source: str) -> ModelConfig:

@@ -109,3 +109,23 @@ V2_INFER: dict[str, Any] = {
 TF_INFER: dict[str, Any] = {
     "requestBody": {"required": True, "content": {"application/json": {"schema": TF_PREDICT}}}
 }
+
+TF_EXAMPLES: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["examples"],
+                    "properties": {
+                        "signature_name": {"type": "string"},
+                        "context": {"type": "object"},
+                        "examples": {"type": "array", "minItems": 1, "items": {"type": "object"}},
+                    },
+                }
+            }
+        },
+    }
+}
+"""``:classify`` and ``:regress``: examples of features (agent/api/tfserving_examples.py)."""

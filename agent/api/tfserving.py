@@ -1,18 +1,28 @@
-"""TensorFlow Serving REST: predict (row and columnar), model status and metadata."""
+"""TensorFlow Serving REST: predict (row and columnar), classify and regress, model status and
+metadata."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
+import numpy as np
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from agent.api.openapi import TF_INFER
+from agent.api.openapi import TF_EXAMPLES, TF_INFER
 from agent.api.tfserving_codec import (
     decode_predict,
     encode_predict,
     metadata_document,
     status_document,
+)
+from agent.api.tfserving_examples import (
+    decode_examples,
+    encode_classify,
+    encode_regress,
+    labels,
+    output_for,
 )
 from agent.errors import ModelNotFoundError
 from agent.http.transport import (
@@ -105,15 +115,85 @@ async def model_metadata(
     openapi_extra=TF_INFER,
 )
 async def predict(request: Request, model_name: str, model_version: str | None = None) -> Response:
-    started = time.monotonic()
-    context = request_context(request.scope)
-    context["model"], context["version"] = model_name, model_version
     state = _state(request)
     lv = state.service.resolve(model_name, model_version)
     body = await read_body(request, state.settings.max_request_bytes)
     inputs, rows = decode_predict(
         body, lv.signature, max_elements=state.settings.max_tensor_elements
     )
+    return await _answer(
+        request, model_name, model_version, inputs, lambda out, _: encode_predict(out, rows)
+    )
+
+
+@router.post(
+    "/v1/models/{model_name}:classify",
+    summary="Classify examples (the model's [tfserving] classify_output)",
+    operation_id="tfserving_classify",
+    openapi_extra=TF_EXAMPLES,
+)
+@router.post(
+    "/v1/models/{model_name}/versions/{model_version}:classify",
+    summary="Classify examples on a version",
+    operation_id="tfserving_classify_version",
+    openapi_extra=TF_EXAMPLES,
+)
+async def classify(request: Request, model_name: str, model_version: str | None = None) -> Response:
+    return await _examples(request, "classify", model_name, model_version)
+
+
+@router.post(
+    "/v1/models/{model_name}:regress",
+    summary="Regress examples (the model's [tfserving] regress_output)",
+    operation_id="tfserving_regress",
+    openapi_extra=TF_EXAMPLES,
+)
+@router.post(
+    "/v1/models/{model_name}/versions/{model_version}:regress",
+    summary="Regress examples on a version",
+    operation_id="tfserving_regress_version",
+    openapi_extra=TF_EXAMPLES,
+)
+async def regress(request: Request, model_name: str, model_version: str | None = None) -> Response:
+    return await _examples(request, "regress", model_name, model_version)
+
+
+async def _examples(
+    request: Request, method: str, model_name: str, model_version: str | None
+) -> Response:
+    state = _state(request)
+    lv = state.service.resolve(model_name, model_version)
+    config = lv.config.tfserving
+    if (config.classify_output if method == "classify" else config.regress_output) is None:
+        output_for(config, method, {})  # the 400 naming the missing signature, before reading
+    body = await read_body(request, state.settings.max_request_bytes)
+    inputs = decode_examples(body, lv.signature, max_elements=state.settings.max_tensor_elements)
+
+    def encode(outputs: dict[str, np.ndarray], version: str) -> bytes:
+        # the version resolved is the one that ran, unless a swap came between
+        served = lv if str(lv.version) == version else state.service.resolve(model_name, version)
+        answer = output_for(served.config.tfserving, method, outputs)
+        if method == "regress":
+            return encode_regress(answer)
+        classes = int(np.prod(answer.shape[1:])) if answer.ndim > 1 else 1
+        names = labels(served.config.tfserving, served.model_file.parent, classes)
+        return encode_classify(answer, names)
+
+    return await _answer(request, model_name, model_version, inputs, encode)
+
+
+async def _answer(
+    request: Request,
+    model_name: str,
+    model_version: str | None,
+    inputs: dict[str, np.ndarray],
+    encode: Callable[[dict[str, np.ndarray], str], bytes],
+) -> Response:
+    """Run ``inputs`` and answer what ``encode`` makes of the outputs of the version that ran."""
+    started = time.monotonic()
+    context = request_context(request.scope)
+    context["model"], context["version"] = model_name, model_version
+    state = _state(request)
     try:
         result = await until_disconnect(
             request.scope,
@@ -127,7 +207,7 @@ async def predict(request: Request, model_name: str, model_version: str | None =
     context["compute_ms"] = round(result.compute_s * 1000, 3)
     timing = server_timing(result.queue_s, result.compute_s, time.monotonic() - started)
     return Response(
-        encode_predict(result.outputs, rows),
+        encode(result.outputs, result.version),
         headers={"Server-Timing": timing},
         media_type="application/json",
     )

@@ -101,6 +101,24 @@ def write_dynamic_conv_model(repository: Path, name: str = "conv") -> Path:
     return _save(graph, repository, name)
 
 
+REGRESSION_WEIGHTS = np.array([[0.5], [-1.0], [2.0], [0.25]], dtype=np.float32)
+"""The weights of :func:`write_regression_model`: ``y = x @ W + 1``."""
+
+
+def write_regression_model(repository: Path, name: str = "price", config: str = "") -> Path:
+    """FP32 ``x [N, 4]`` in, one FP32 value ``y [N, 1]`` per row out (MatMul and Add)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])
+    w = numpy_helper.from_array(REGRESSION_WEIGHTS, "w")
+    b = numpy_helper.from_array(np.ones(1, dtype=np.float32), "b")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["xw"]),
+        helper.make_node("Add", ["xw", "b"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, name, [x], [y], [w, b])
+    return _save(graph, repository, name, config)
+
+
 def _save(graph: onnx.GraphProto, repository: Path, name: str, config: str = "") -> Path:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
