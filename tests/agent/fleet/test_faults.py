@@ -171,6 +171,33 @@ def test_sigkill_during_the_switch_comes_back_on_the_committed_version(
 
 
 @pytest.mark.slow
+def test_a_device_restarted_without_its_broker_serves_what_it_committed(
+    fleet: Fleet, broker: Mosquitto, example_repo: Path, tmp_path: Path
+) -> None:
+    """Issue 51, item 2: after a reboot with the network gone, the agent serves the last
+    committed version from its own store, is ready without the broker, and reports in once
+    the broker is back."""
+    repo = copy_models(example_repo, tmp_path / "repo", "mlp")
+    config = _process_config(tmp_path, fleet, broker, repo)
+    v2 = mlp_version(tmp_path / "v2", seed=2)
+    fleet.publish_desired("dev-k", fleet.sign(fleet.manifest("mlp", 2, 1, v2)))
+    with agent_process("--config", str(config)) as agent:
+        fleet.wait_event("dev-k", "committed", sequence=1)
+    broker.stop(kill=True)  # the network is gone across the "reboot"
+    with agent_process("--config", str(config)) as agent:
+        wait_until(lambda: _ready(agent.address), what="readiness without a broker")
+        assert _version_answering(agent.address) == "2"
+        assert _first_loaded(agent) == 2
+        before = len(fleet.statuses("dev-k"))
+        broker.start()
+        fleet.wait(
+            lambda: len(fleet.statuses("dev-k")) > before and fleet.statuses("dev-k")[-1].online,
+            what="the device's status once the broker is back",
+        )
+        assert _version_answering(agent.address) == "2"
+
+
+@pytest.mark.slow
 def test_telemetry_while_the_broker_is_down_arrives_after_reconnect_none_lost(
     fleet: Fleet, fleet_agent: AgentFactory, broker: Mosquitto
 ) -> None:
