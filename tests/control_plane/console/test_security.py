@@ -159,3 +159,11 @@ def test_a_viewer_action_is_refused_by_the_api(fleet: Fleet) -> None:
     with closing(logged_in(fleet, fleet.viewer_token)) as client:
         resp = client.post("/ui/rollouts/1/pause", data={"csrf": csrf_of(client)})
     assert resp.status_code == 403 and "this needs the operator role" in resp.text
+
+
+def test_a_viewer_rollout_is_refused_by_the_api_though_no_form_offers_it(fleet: Fleet) -> None:
+    with closing(logged_in(fleet, fleet.viewer_token)) as client:
+        assert "Start the rollout" not in client.get("/ui/rollouts/new").text
+        form = {"csrf": csrf_of(client), "model": "mlp", "version": "3"}
+        resp = client.post("/ui/rollouts", data=form)
+    assert resp.status_code == 403 and "this needs the operator role" in resp.text
