@@ -80,7 +80,14 @@ async def device(request: Request, device_id: str, who: Operator = OPERATOR) -> 
     path = f"/api/v1/devices/{quote(device_id, safe='')}"
     doc = await who.api.get(path)
     events = await who.api.get(f"{path}/events", limit=50)
-    return render(request, "device.html", who, device=doc, summary=device_lines(doc), events=events)
+    return render(
+        request,
+        "device.html",
+        who,
+        device=doc,
+        summary=device_lines(doc),
+        history=views.history_rows(events),
+    )
 
 
 @router.get("/models")

@@ -13,7 +13,7 @@ from control_plane.console import views
 from control_plane.console.api import ApiRefused
 from control_plane.console.web import OPERATOR, BadForm, Operator, form, redirect, render
 from control_plane.db.states import ACTIVE, RolloutState
-from control_plane.status_view import gate_words, phase_words
+from control_plane.status_view import gate_words, phase_words, shadow_words
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 PREVIEW_DEVICES = 100
@@ -37,16 +37,20 @@ def actions_for(doc: dict[str, Any]) -> tuple[str, ...]:
 
 
 def progress(doc: dict[str, Any]) -> dict[str, Any]:
-    """What the progress fragment shows: each wave with its gate verdict and its devices."""
+    """What the progress fragment shows: each wave with its shadow phase (in the CLI's words,
+    ``rollouts status``), its gate verdict and its devices."""
     waves = []
+    shadow = doc.get("shadow") or {}
     for w in doc["waves"]:
         verdict = gate_words({**doc, "current_wave": w["wave"]})
+        phase = shadow.get("waves", {}).get(str(w["wave"]))
         devices = [
             {"id": d["device_id"], "state": d["state"], "words": phase_words(d)}
             for d in doc["devices"]
             if d["wave"] == w["wave"]
         ]
-        waves.append(w | {"verdict": verdict, "device_rows": devices})
+        words = shadow_words(phase, shadow["spec"]) if phase else None
+        waves.append(w | {"verdict": verdict, "shadow": words, "device_rows": devices})
     live = doc["state"] in ACTIVE
     return {
         "doc": doc,

@@ -124,3 +124,39 @@ def history(windows: Sequence[dict[str, Any]], now_s: float, span_s: float) -> l
         return []
     oldest = max(buckets)
     return [point(now_s - i * span_s, buckets.get(i, []), span_s) for i in range(oldest, -1, -1)]
+
+
+EVENT_KEY = ("model", "version", "rollout_id", "state", "code", "reason")
+"""What makes two update events the same row of a device's history: progress and times
+may differ (a download's bytes, an agent reporting ``staged`` again after a reconnect)."""
+
+
+def history_rows(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A device's update history, newest first, each run of consecutive identical events
+    (``received``/``verified``/``staged`` reported again) one row with its ``count`` and its
+    first time; ``what`` names the model and version, and leaves out a version there is none
+    of (never ``vNone``)."""
+    rows: list[dict[str, Any]] = []
+    for e in events:  # oldest first, as the API gives them
+        key = tuple(e.get(k) for k in EVENT_KEY)
+        if rows and rows[-1]["key"] == key:
+            rows[-1] |= {"count": rows[-1]["count"] + 1, "last": e}
+            continue
+        rows.append({"key": key, "count": 1, "first_at": e["at"], "last": e})
+    return [
+        {
+            **r["last"],
+            "count": r["count"],
+            "first_at": r["first_at"],
+            "what": event_subject(r["last"]),
+        }
+        for r in reversed(rows)
+    ]
+
+
+def event_subject(e: dict[str, Any]) -> str:
+    """``mlp v2``, ``mlp`` when the event names no version, ``?`` when it names no model."""
+    model, version = e.get("model"), e.get("version")
+    if version is None:
+        return model or "?"
+    return f"{model or '?'} v{version}"

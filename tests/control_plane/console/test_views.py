@@ -69,3 +69,76 @@ def test_history_buckets_windows_into_points_oldest_first() -> None:
     assert points[1].error_rate is None and points[1].p50_ms is None  # no traffic: a gap
     assert points[2].error_rate == 0.05 and points[2].p50_ms == 3.0 and points[2].p99_ms == 9.0
     assert views.history([], now, 60) == []
+
+
+def event(at: str, state: str, version: int | None = 2, **more: object) -> dict:
+    return {
+        "model": "mlp",
+        "version": version,
+        "rollout_id": "rollout-4",
+        "state": state,
+        "at": f"2026-12-07T10:00:{at}+00:00",
+        **more,
+    }
+
+
+def test_the_device_history_collapses_repeated_events_newest_first() -> None:
+    events = [  # oldest first, as the API gives them
+        event("01", "received"),
+        event("02", "received"),
+        event("03", "received"),
+        event("04", "verified"),
+        event("05", "staged"),
+        event("06", "staged"),
+        event("07", "received"),  # not next to the first three: a row of its own
+    ]
+    rows = views.history_rows(events)
+    assert [(r["state"], r["count"]) for r in rows] == [
+        ("received", 1),
+        ("staged", 2),
+        ("verified", 1),
+        ("received", 3),
+    ]
+    assert rows[-1]["first_at"].endswith("00:01+00:00") and rows[-1]["at"].endswith("00:03+00:00")
+    assert rows[0]["what"] == "mlp v2"
+
+
+def test_an_event_without_a_version_never_reads_vnone() -> None:
+    rows = views.history_rows([event("01", "failed", None, reason="no space")])
+    assert rows[0]["what"] == "mlp"
+    assert views.event_subject({"model": None, "version": None}) == "?"
+
+
+def test_a_rollout_page_shows_each_waves_shadow_phase_in_the_clis_words() -> None:
+    from control_plane.console.rollouts import progress
+    from control_plane.status_view import status_lines
+
+    spec = {"sample_share": 0.5, "min_agreement": 0.99, "min_requests": 100, "timeout_s": 60}
+    state = {
+        "state": "passed",
+        "agreement": 0.995,
+        "rows": 400,
+        "requests": 200,
+        "dropped": 3,
+        "max_abs_diff": 0.01,
+        "latency_ratio": 1.25,
+    }
+    doc = {
+        "id": 4,
+        "model": "mlp",
+        "version": 2,
+        "state": "succeeded",
+        "reason": None,
+        "current_wave": 1,
+        "gates": {},
+        "gate_report": {},
+        "bake_time_s": 1,
+        "waves": [{"wave": 0, "size": "1", "devices": 1, "states": {"committed": 1}}],
+        "devices": [],
+        "shadow": {"spec": spec, "waves": {"0": state}},
+    }
+    shown = progress(doc)["waves"][0]["shadow"]
+    assert "agreement 99.5% (min 99.0%) over 400 rows" in shown and "3 dropped" in shown
+    assert "candidate latency 1.25x" in shown
+    assert any(shown in line for line in status_lines(doc))  # the same words as the CLI
+    assert any("wave 0 " in line for line in status_lines(doc))  # numbered from 0 there too
