@@ -11,6 +11,7 @@ from starlette.responses import Response
 from control_plane.api.deps import services
 from control_plane.console import views
 from control_plane.console.api import ApiRefused
+from control_plane.console.forms import pairs, rollout_spec
 from control_plane.console.web import OPERATOR, BadForm, Operator, form, redirect, render
 from control_plane.db.states import ACTIVE, RolloutState
 from control_plane.status_view import gate_words, phase_words, shadow_words
@@ -84,7 +85,7 @@ async def preview(
 ) -> Response:
     """The devices a rollout of this selector and these profiles would reach (an htmx part)."""
     try:
-        labels = _pairs(selector)
+        labels = pairs(selector)
     except BadForm as exc:
         return render(request, "_preview.html", who, error=exc.message, count=0, shown=[])
     label = [f"{k}={v}" for k, v in labels.items()]
@@ -116,7 +117,7 @@ async def create(request: Request, who: Operator = OPERATOR) -> Response:
     fields = await form(request, who)
     values = {k: v[-1] for k, v in fields.items()}
     try:
-        spec = _spec(fields)
+        spec = rollout_spec(fields)
         doc = await who.api.call("POST", "/api/v1/rollouts", json=spec)
     except BadForm as exc:
         status, error = exc.status, exc.message
@@ -177,40 +178,3 @@ async def _form_choices(who: Operator) -> dict[str, Any]:
         "profiles": sorted({r["hardware_profile"] for r in summary["presence"]} - {None}),
         "fleet": views.fleet_counts(summary),
     }
-
-
-def _pairs(text: str) -> dict[str, str]:
-    out = {}
-    for pair in (p.strip() for p in text.split(",")):
-        if not pair:
-            continue
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise BadForm(400, f"selector: expected key=value, got {pair!r}")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def _spec(fields: dict[str, list[str]]) -> dict[str, Any]:
-    """The API's rollout document from the form: blank fields keep the API's defaults, and
-    the API checks every value (a wrong one comes back as its 400, shown on the form)."""
-
-    def one(name: str) -> str:
-        return (fields.get(name) or [""])[-1].strip()
-
-    model, version = one("model"), one("version")
-    if not model or not version:
-        raise BadForm(400, "model and version: both are needed")
-    spec: dict[str, Any] = {"model": model, "version": version, "selector": _pairs(one("selector"))}
-    spec["profiles"] = [p for p in fields.get("profiles", []) if p]
-    if waves := one("waves"):
-        spec["waves"] = [w.strip() for w in waves.split(",") if w.strip()]
-    for name in ("bake_time_s", "device_timeout_s"):
-        if value := one(name):
-            spec[name] = value
-    gates: dict[str, Any] = {"allow_unjudged": one("allow_unjudged") == "on"}
-    for name in ("max_error_rate", "max_p99_ratio", "min_requests"):
-        if value := one(name):
-            gates[name] = value
-    spec["gates"] = gates
-    return spec
