@@ -12,6 +12,7 @@ from typing import Any
 
 from control_plane.db.states import ACTIVE
 from control_plane.ingest.presence import Presence
+from control_plane.rollouts.windows import Window
 
 PAGE_SIZE = 50
 """Devices on one page of the device list."""
@@ -160,3 +161,12 @@ def event_subject(e: dict[str, Any]) -> str:
     if version is None:
         return model or "?"
     return f"{model or '?'} v{version}"
+
+
+def openings(window: Window, now: datetime, count: int) -> list[datetime]:
+    """The next ``count`` openings of ``window`` after ``now``, in UTC (fewer when it opens
+    fewer times within the window code's search horizon)."""
+    found: list[datetime] = []
+    while len(found) < count and (start := window.next_start(found[-1] if found else now)):
+        found.append(start)
+    return found

@@ -171,12 +171,46 @@ async def _refused(request: Request, exc: Exception) -> Response:
 
 def mount(app: FastAPI) -> None:
     """Serve the console under ``/ui/`` on ``app``'s own server."""
-    from control_plane.console import pages, rollouts, telemetry
+    from control_plane.console import (
+        deployments,
+        enrolment,
+        pages,
+        rollouts,
+        telemetry,
+        windows,
+    )
 
     app.state.console = Console(app)
-    for part in (router, pages.router, rollouts.router, telemetry.router):
+    parts = (deployments, enrolment, pages, rollouts, telemetry, windows)
+    for part in (router, *(p.router for p in parts)):
         app.include_router(part)
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="console-static")
     app.add_exception_handler(LoginNeeded, _login_needed)
     app.add_exception_handler(ApiRefused, _refused)
     app.add_exception_handler(BadForm, _refused)
+
+
+def confirmation(
+    request: Request,
+    who: Operator,
+    *,
+    title: str,
+    meaning: str,
+    action: str,
+    back: str,
+    button: str,
+    reason: bool = False,
+) -> Response:
+    """A page that says what a change does; only its button (a CSRF-checked POST to
+    ``action``) sends it. A viewer is told the role it needs and gets no button."""
+    return render(
+        request,
+        "confirm_change.html",
+        who,
+        title=title,
+        meaning=meaning,
+        action=action,
+        back=back,
+        button=button,
+        reason=reason,
+    )
