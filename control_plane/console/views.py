@@ -7,7 +7,7 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from control_plane.db.states import ACTIVE
@@ -170,3 +170,60 @@ def openings(window: Window, now: datetime, count: int) -> list[datetime]:
     while len(found) < count and (start := window.next_start(found[-1] if found else now)):
         found.append(start)
     return found
+
+
+ROLLBACK_HORIZON = timedelta(days=1)
+"""How far back the overview lists rollouts that rolled back."""
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One line of the overview's "needs attention" list, and the page that explains it."""
+
+    kind: str
+    words: str
+    href: str
+
+
+def attention(
+    counts: FleetCounts,
+    rollouts: Iterable[dict[str, Any]],
+    drifts: Iterable[dict[str, Any]],
+    now: datetime,
+) -> list[Alert]:
+    """What an operator should look at first: rollouts that rolled back in the last day (of
+    those given, the newest first), offline and silent devices, and model versions whose input
+    drift is over the threshold (the fleet's, or a device's)."""
+    alerts = [
+        Alert(
+            "rollback",
+            f"Rollout #{r['id']} of {r['model']} v{r['version']} "
+            f"{r['state'].replace('_', ' ')}" + (f": {r['reason']}" if r["reason"] else ""),
+            f"/ui/rollouts/{r['id']}",
+        )
+        for r in rollouts
+        if r["state"] in ("rolled_back", "rolling_back")
+        and now - datetime.fromisoformat(r["updated_at"]) <= ROLLBACK_HORIZON
+    ]
+    for presence, meaning in (
+        ("offline", "offline (a clean shutdown or a lost connection)"),
+        ("silent", "silent: online by their status, but nothing heard from them"),
+    ):
+        if n := counts.total[presence]:
+            alerts.append(
+                Alert(presence, f"{n} devices {meaning}", f"/ui/devices?presence={presence}")
+            )
+    for d in drifts:
+        over = [x for x in d["devices"] if x["over_threshold"]]
+        fleet_over = bool(d["fleet"] and d["fleet"]["over_threshold"])
+        if fleet_over or over:
+            where = "the fleet's" if fleet_over else f"{len(over)} devices'"
+            alerts.append(
+                Alert(
+                    "drift",
+                    f"{d['model']} v{d['version']}: {where} input drift over PSI "
+                    f"{d['psi_threshold']:g}",
+                    f"/ui/models/{d['model']}/versions/{d['version']}",
+                )
+            )
+    return alerts

@@ -63,6 +63,13 @@ def test_a_claims_token_is_shown_once_and_its_device_is_approved(
     expect(page.locator("#claims tr", has_text="line-3")).to_contain_text("revoked")
 
 
+def no_active_rollout(fleet: Fleet) -> None:
+    """Cancel another module's rollout still baking: it holds the devices this test moves."""
+    for r in fleet.cp.admin.get("/api/v1/rollouts").json():
+        if r["state"] in ("running", "paused"):
+            fleet.cp.admin.post(f"/api/v1/rollouts/{r['id']}/cancel").raise_for_status()
+
+
 def create_deployment(page_console: Console, name: str, version: str, selector: str) -> None:
     page = page_console.go("/ui/deployments")
     page.get_by_label(re.compile("^Name")).fill(name)
@@ -87,9 +94,7 @@ def test_a_deployment_shows_compliance_changes_version_and_is_deleted(
 ) -> None:
     # on the version dev-b serves: in compliance with no rollout to wait for (v1, which
     # the agents start on, was never validated: a module run alone moves it to v2 first)
-    for r in fleet.cp.admin.get("/api/v1/rollouts").json():  # another module's, still baking
-        if r["state"] in ("running", "paused"):
-            fleet.cp.admin.post(f"/api/v1/rollouts/{r['id']}/cancel").raise_for_status()
+    no_active_rollout(fleet)
     if served(fleet.agents["dev-b"]) not in ("2", "3"):
         wait_rollout(fleet.cp, rollout(fleet.cp, 2, selector={"group": "pi"}), "succeeded")
     create_deployment(operator_console, "pi-keep", served(fleet.agents["dev-b"]), "group=pi")
@@ -190,3 +195,19 @@ def test_a_viewer_sees_these_pages_with_no_action_button(
     expect(page.locator("#pending")).to_contain_text("dev-waiting")  # it sees, it cannot act
     page = viewer_console.go("/ui/claims")
     expect(page.locator(".note")).to_contain_text("Claims are listed to operators only")
+
+
+def test_the_overview_leads_with_a_rollback_and_links_to_it(
+    operator_console: Console, fleet: Fleet
+) -> None:
+    no_active_rollout(fleet)
+    rollout_id = rollout(fleet.cp, 3, selector={"group": "pi"}, bake_time_s=60)
+    fleet.cp.admin.post(f"/api/v1/rollouts/{rollout_id}/abort").raise_for_status()
+    wait_rollout(fleet.cp, rollout_id, "rolled_back")
+    page = operator_console.go("/ui/")
+    alert = page.locator("#attention").get_by_role("link", name=f"Rollout #{rollout_id} of mlp v3")
+    expect(alert).to_contain_text("rolled back")
+    operator_console.shot("overview-attention")
+    alert.click()
+    expect(page).to_have_url(re.compile(f"/ui/rollouts/{rollout_id}$"))
+    expect(page.locator("#rollout-state")).to_have_text("rolled back")

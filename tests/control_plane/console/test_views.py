@@ -142,3 +142,57 @@ def test_a_rollout_page_shows_each_waves_shadow_phase_in_the_clis_words() -> Non
     assert "candidate latency 1.25x" in shown
     assert any(shown in line for line in status_lines(doc))  # the same words as the CLI
     assert any("wave 0 " in line for line in status_lines(doc))  # numbered from 0 there too
+
+
+def test_the_overview_needs_attention_for_rollbacks_absent_devices_and_drift() -> None:
+    now = datetime(2026, 12, 7, 12, tzinfo=UTC)
+
+    def made(i: int, state: str, hours_ago: float) -> dict:
+        at = datetime.fromtimestamp(now.timestamp() - hours_ago * 3600, UTC).isoformat()
+        reason = "gates: error rate" if state == "rolled_back" else None
+        return {
+            "id": i,
+            "model": "mlp",
+            "version": 3,
+            "state": state,
+            "reason": reason,
+            "updated_at": at,
+        }
+
+    rollouts = [made(3, "rolled_back", 2), made(2, "succeeded", 1), made(1, "rolled_back", 30)]
+    counts = views.fleet_counts(summary(("pi", "online", 2), ("pi", "offline", 1)))
+    fleet = {"device_id": "*", "over_threshold": False}
+    drifts = [
+        {
+            "model": "mlp",
+            "version": 3,
+            "psi_threshold": 0.2,
+            "fleet": fleet,
+            "devices": [{"over_threshold": True}, {"over_threshold": False}],
+        },
+        {"model": "mlp", "version": 2, "psi_threshold": 0.2, "fleet": None, "devices": []},
+    ]
+    alerts = views.attention(counts, rollouts, drifts, now)
+    assert [(a.kind, a.href) for a in alerts] == [
+        ("rollback", "/ui/rollouts/3"),  # not #1: it rolled back more than a day ago
+        ("offline", "/ui/devices?presence=offline"),
+        ("drift", "/ui/models/mlp/versions/3"),
+    ]
+    assert alerts[0].words == "Rollout #3 of mlp v3 rolled back: gates: error rate"
+    assert alerts[2].words == "mlp v3: 1 devices' input drift over PSI 0.2"
+    assert views.attention(views.fleet_counts(summary()), [], [], now) == []
+
+
+def test_a_windows_openings_are_the_control_planes_own() -> None:
+    from control_plane.rollouts.windows import Window
+
+    window = Window.of("w", "30 2 * * 1-5", 3600, "Europe/Paris")
+    friday = datetime(2026, 12, 4, 12, tzinfo=UTC)
+    found = views.openings(window, friday, 3)
+    # the weekend skipped; 02:30 in Paris is 01:30 UTC in winter
+    assert [d.isoformat() for d in found] == [
+        "2026-12-07T01:30:00+00:00",
+        "2026-12-08T01:30:00+00:00",
+        "2026-12-09T01:30:00+00:00",
+    ]
+    assert views.openings(Window.of("w", "0 0 31 2 *", 60, "UTC"), friday, 3) == []
