@@ -59,9 +59,43 @@ def rollout_spec(fields: Fields) -> dict[str, Any]:
     for name in ("bake_time_s", "device_timeout_s"):
         if value := one(fields, name):
             spec[name] = value
+    spec["gates"] = _gates(fields)
+    if shadow := _shadow(fields):
+        spec["shadow"] = shadow
+    return spec
+
+
+GATES = (
+    "max_error_rate",
+    "max_p99_ratio",
+    "min_requests",
+    "max_rejections",
+    "max_drift",
+    "max_ttft_p99_ms",
+    "max_inter_token_p99_ms",
+)
+"""The gates a form may give, by the API's names (a blank one keeps the API's default)."""
+SHADOW = {
+    "shadow_share": "sample_share",
+    "min_agreement": "min_agreement",
+    "shadow_min_requests": "min_requests",
+    "shadow_timeout_s": "timeout_s",
+}
+"""A form's shadow fields and the API's names for them."""
+
+
+def _gates(fields: Fields) -> dict[str, Any]:
     gates: dict[str, Any] = {"allow_unjudged": one(fields, "allow_unjudged") == "on"}
-    for name in ("max_error_rate", "max_p99_ratio", "min_requests"):
+    if one(fields, "skip_self_test") == "on":  # a box to tick off: blank keeps the default
+        gates["self_test"] = False
+    for name in GATES:
         if value := one(fields, name):
             gates[name] = value
-    spec["gates"] = gates
-    return spec
+    return gates
+
+
+def _shadow(fields: Fields) -> dict[str, Any] | None:
+    """The shadow phase, when the form asks for one (a share of requests to copy)."""
+    if not one(fields, "shadow_share"):
+        return None
+    return {api: value for form, api in SHADOW.items() if (value := one(fields, form))}

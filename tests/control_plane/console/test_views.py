@@ -196,3 +196,31 @@ def test_a_windows_openings_are_the_control_planes_own() -> None:
         "2026-12-09T01:30:00+00:00",
     ]
     assert views.openings(Window.of("w", "0 0 31 2 *", 60, "UTC"), friday, 3) == []
+
+
+def test_the_rollout_form_gives_the_api_its_gates_and_shadow_by_their_names() -> None:
+    from control_plane.console.forms import rollout_spec
+
+    form = {
+        "model": ["mlp"],
+        "version": ["3"],
+        "selector": ["site=lab, group=pi"],
+        "max_rejections": ["2"],
+        "max_drift": ["0.2"],
+        "skip_self_test": ["on"],
+        "shadow_share": ["0.5"],
+        "min_agreement": ["0.95"],
+        "shadow_min_requests": [""],
+    }
+    spec = rollout_spec(form)
+    assert spec["selector"] == {"site": "lab", "group": "pi"}
+    assert spec["gates"] == {
+        "allow_unjudged": False,
+        "self_test": False,
+        "max_rejections": "2",
+        "max_drift": "0.2",
+    }
+    assert spec["shadow"] == {"sample_share": "0.5", "min_agreement": "0.95"}
+    # no share, no shadow phase, whatever its other fields say; blank gates keep the defaults
+    plain = rollout_spec({"model": ["mlp"], "version": ["3"], "min_agreement": ["0.95"]})
+    assert "shadow" not in plain and plain["gates"] == {"allow_unjudged": False}
