@@ -173,6 +173,7 @@ def mount(app: FastAPI) -> None:
     """Serve the console under ``/ui/`` on ``app``'s own server."""
     from control_plane.console import (
         deployments,
+        edits,
         enrolment,
         pages,
         rollouts,
@@ -181,7 +182,7 @@ def mount(app: FastAPI) -> None:
     )
 
     app.state.console = Console(app)
-    parts = (deployments, enrolment, pages, rollouts, telemetry, windows)
+    parts = (deployments, edits, enrolment, pages, rollouts, telemetry, windows)
     for part in (router, *(p.router for p in parts)):
         app.include_router(part)
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="console-static")

@@ -167,6 +167,8 @@ def something_to_act_on(fleet: Fleet) -> Iterator[None]:
 
 
 VIEWER_PAGES = [
+    "/ui/devices/dev-a",
+    "/ui/models/mlp/versions/3",
     "/ui/deployments",
     "/ui/deployments/for-viewer",
     "/ui/deployments/for-viewer/confirm/delete",
@@ -249,3 +251,34 @@ def test_a_shadow_rollout_from_the_form_shows_its_phase(
         assert doc["gates"]["max_rejections"] == 1 and doc["shadow"]["spec"]["sample_share"] == 0.5
     finally:
         fleet.cp.admin.post(f"/api/v1/rollouts/{rollout_id}/cancel").raise_for_status()
+
+
+def test_a_devices_operator_labels_are_set_and_removed(operator_console: Console) -> None:
+    page = operator_console.go("/ui/devices/dev-a")
+    page.get_by_label("Set operator labels").fill("line=3, cell=a")
+    page.get_by_role("button", name="Set labels").click()
+    labels = page.locator("#labels")
+    expect(labels).to_contain_text("line=3 (operator)")
+    expect(labels).to_contain_text("cell=a (operator)")
+    expect(labels).to_contain_text("site=lab")  # what the device reports stays
+    page.get_by_role("button", name="Remove label line").click()
+    expect(labels).not_to_contain_text("line=3")
+    page.get_by_role("button", name="Remove label cell").click()
+    expect(labels).not_to_contain_text("(operator)")
+    page = operator_console.go("/ui/devices?label=cell%3Da")
+    expect(page.get_by_text("No device matches.")).to_be_visible()
+
+
+def test_a_versions_stage_is_changed_from_its_page(operator_console: Console) -> None:
+    page = operator_console.go("/ui/models/mlp/versions/3")
+    before = page.locator("h1 .stage").text_content() or ""
+    page.get_by_label("Stage", exact=True).select_option("production")
+    page.get_by_role("button", name="Set the stage").click()
+    expect(page.locator("h1 .stage")).to_have_text("production")
+    page = operator_console.go("/ui/models")
+    row = page.get_by_role("row", name=re.compile(r"^v3 "))
+    expect(row).to_contain_text("production")
+    page = operator_console.go("/ui/models/mlp/versions/3")
+    page.get_by_label("Stage", exact=True).select_option(before)
+    page.get_by_role("button", name="Set the stage").click()
+    expect(page.locator("h1 .stage")).to_have_text(before)

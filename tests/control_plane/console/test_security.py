@@ -185,6 +185,8 @@ def test_a_viewer_rollout_is_refused_by_the_api_though_no_form_offers_it(fleet: 
         ("/ui/claims/any/revoke", {}),
         ("/ui/enrolments/any/approve", {}),
         ("/ui/enrolments/any/reject", {}),
+        ("/ui/devices/dev-a/labels", {"set": "line=3"}),
+        ("/ui/models/mlp/versions/3/stage", {"stage": "production"}),
     ],
 )
 def test_a_viewer_change_on_the_operator_pages_is_refused_by_the_api(
@@ -196,7 +198,15 @@ def test_a_viewer_change_on_the_operator_pages_is_refused_by_the_api(
 
 
 @pytest.mark.parametrize(
-    "path", ["/ui/deployments", "/ui/windows", "/ui/claims", "/ui/enrolments/any/approve"]
+    "path",
+    [
+        "/ui/deployments",
+        "/ui/windows",
+        "/ui/claims",
+        "/ui/enrolments/any/approve",
+        "/ui/devices/dev-a/labels",
+        "/ui/models/mlp/versions/3/stage",
+    ],
 )
 def test_the_operator_forms_need_the_csrf_token(operator: httpx.Client, path: str) -> None:
     resp = operator.post(path, data={"name": "no-csrf", "cron": "0 2 * * *"})

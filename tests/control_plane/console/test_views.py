@@ -224,3 +224,13 @@ def test_the_rollout_form_gives_the_api_its_gates_and_shadow_by_their_names() ->
     # no share, no shadow phase, whatever its other fields say; blank gates keep the defaults
     plain = rollout_spec({"model": ["mlp"], "version": ["3"], "min_agreement": ["0.95"]})
     assert "shadow" not in plain and plain["gates"] == {"allow_unjudged": False}
+
+
+def test_a_label_form_sets_and_removes_as_the_cli_does() -> None:
+    from control_plane.console.edits import label_change
+    from control_plane.console.web import BadForm
+
+    form = {"set": ["line=3, cell="], "remove": ["old", " "]}
+    assert label_change(form) == {"line": "3", "cell": None, "old": None}
+    with pytest.raises(BadForm, match="labels: give key=value"):
+        label_change({"set": [""]})
