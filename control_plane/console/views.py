@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from common.protocol.errors import Rejection
 from control_plane.db.states import ACTIVE
 from control_plane.ingest.presence import Presence
 from control_plane.rollouts.windows import Window
@@ -150,6 +151,7 @@ def history_rows(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "count": r["count"],
             "first_at": r["first_at"],
             "what": event_subject(r["last"]),
+            "code_words": code_words(r["last"].get("code")),
         }
         for r in reversed(rows)
     ]
@@ -227,3 +229,40 @@ def attention(
                 )
             )
     return alerts
+
+
+REJECTION_WORDS = {
+    Rejection.MALFORMED: "the message could not be read",
+    Rejection.UNSUPPORTED_SCHEMA: "the device does not know this message's schema version",
+    Rejection.UNKNOWN_KEY: "signed with a key the device's trust root does not hold",
+    Rejection.REVOKED_KEY: "signed with a key the trust root revoked",
+    Rejection.BAD_SIGNATURE: "the signature does not verify",
+    Rejection.INSUFFICIENT_SIGNATURES: "too few valid signatures for the trust root's threshold",
+    Rejection.EXPIRED: "the manifest had expired (check the device's clock)",
+    Rejection.NOT_YET_VALID: "the manifest is not valid yet (check the device's clock)",
+    Rejection.REPLAYED: "not newer than what the device already holds (a replay)",
+    Rejection.WRONG_TARGET: "the manifest is for another device",
+    Rejection.NO_ARTIFACT: "no artifact for this device's hardware profile",
+    Rejection.DIGEST_MISMATCH: "a downloaded file's digest differs from the manifest's",
+    Rejection.SIZE_MISMATCH: "a downloaded file's size differs from the manifest's",
+    Rejection.OVERSIZE: "larger than the device's limit (a message or a file)",
+    Rejection.DOWNLOAD_FAILED: "the download failed",
+    Rejection.DISK_FULL: "the device's disk is full",
+    Rejection.LOAD_FAILED: "the model would not load on the device",
+    Rejection.SELF_TEST_FAILED: "the version failed its self-test on the device",
+    Rejection.HEALTH_CHECK_FAILED: "the version failed its health window on the device",
+    Rejection.FLEET_COMMAND: "the control plane asked for it (a rollback or an abort)",
+    Rejection.NOTHING_TO_ROLL_BACK: "there was no earlier version to go back to",
+    Rejection.SUPERSEDED: "a newer update replaced this one",
+}
+"""Each code a device reports with a rejection or a rollback, in plain words."""
+
+
+def code_words(code: str | None) -> str | None:
+    """A rejection code in plain words (an unknown code as it came: a newer agent's)."""
+    if not code:
+        return None
+    try:
+        return REJECTION_WORDS[Rejection(code)]
+    except ValueError:
+        return code

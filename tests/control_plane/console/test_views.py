@@ -234,3 +234,13 @@ def test_a_label_form_sets_and_removes_as_the_cli_does() -> None:
     assert label_change(form) == {"line": "3", "cell": None, "old": None}
     with pytest.raises(BadForm, match="labels: give key=value"):
         label_change({"set": [""]})
+
+
+def test_every_rejection_code_has_plain_words() -> None:
+    from common.protocol.errors import Rejection
+
+    assert set(views.REJECTION_WORDS) == set(Rejection)  # a new code needs its words here
+    rows = views.history_rows([event("01", "rejected", code="bad_signature")])
+    assert rows[0]["code_words"] == "the signature does not verify"
+    assert views.code_words("from_a_newer_agent") == "from_a_newer_agent"
+    assert views.code_words(None) is None
