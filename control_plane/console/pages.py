@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from control_plane.console import views
 from control_plane.console.api import ApiRefused
-from control_plane.console.web import OPERATOR, BadForm, Operator, render
+from control_plane.console.web import OPERATOR, BadForm, Operator, refresh_s, render
 from control_plane.device_view import device_lines
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -112,7 +112,15 @@ async def device(request: Request, device_id: str, who: Operator = OPERATOR) -> 
         device=doc,
         summary=device_lines(doc),
         history=views.history_rows(events),
+        refresh_s=refresh_s(request),
     )
+
+
+@router.get("/devices/{device_id}/presence")
+async def presence(request: Request, device_id: str, who: Operator = OPERATOR) -> Response:
+    """A device's presence and last contact, re-read by its open page (an htmx part)."""
+    doc = await who.api.get(f"/api/v1/devices/{quote(device_id, safe='')}")
+    return render(request, "_presence.html", who, device=doc, refresh_s=refresh_s(request))
 
 
 @router.get("/models")

@@ -8,11 +8,18 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from control_plane.api.deps import services
 from control_plane.console import views
 from control_plane.console.api import ApiRefused
 from control_plane.console.forms import pairs, rollout_spec
-from control_plane.console.web import OPERATOR, BadForm, Operator, form, redirect, render
+from control_plane.console.web import (
+    OPERATOR,
+    BadForm,
+    Operator,
+    form,
+    redirect,
+    refresh_s,
+    render,
+)
 from control_plane.db.states import ACTIVE, RolloutState
 from control_plane.status_view import gate_words, phase_words, shadow_words
 
@@ -127,13 +134,6 @@ async def create(request: Request, who: Operator = OPERATOR) -> Response:
         return redirect(f"/ui/rollouts/{doc['id']}")
     choices = await _form_choices(who)
     return render(request, "rollout_new.html", who, status, error=error, values=values, **choices)
-
-
-def refresh_s(request: Request) -> float:
-    """How often an active rollout's page re-reads it: each read carries every device row
-    (at 5,000 devices, an open page read every second cost the control plane 72 ms of CPU
-    a second; benchmarks/console)."""
-    return services(request).settings.console_live_interval_s
 
 
 @router.get("/rollouts/{rollout_id}")

@@ -282,3 +282,13 @@ def test_a_versions_stage_is_changed_from_its_page(operator_console: Console) ->
     page.get_by_label("Stage", exact=True).select_option(before)
     page.get_by_role("button", name="Set the stage").click()
     expect(page.locator("h1 .stage")).to_have_text(before)
+
+
+def test_a_devices_presence_updates_without_a_reload(operator_console: Console) -> None:
+    page = operator_console.go("/ui/devices/dev-a")
+    presence = page.locator("#presence")
+    expect(presence.locator(".pill")).to_have_text("online")
+    first = page.locator("#last-seen").text_content() or ""
+    # the agent's telemetry moves its last contact; the part re-reads it (htmx), no reload
+    expect(page.locator("#last-seen")).not_to_have_text(first, timeout=15_000)
+    expect(presence.locator(".pill")).to_have_text("online")
