@@ -15,6 +15,8 @@ from control_plane.console.web import OPERATOR, BadForm, Operator, form, redirec
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 STAGES = ("candidate", "production", "retired", "archived")
+MAX_SELECTED = 50
+"""Devices one label change may tick: a page of the device list."""
 
 
 def label_change(fields: dict[str, list[str]]) -> dict[str, str | None]:
@@ -29,6 +31,23 @@ def label_change(fields: dict[str, list[str]]) -> dict[str, str | None]:
     if not change:
         raise BadForm(400, "labels: give key=value to set, or a label to remove")
     return change
+
+
+@router.post("/devices/labels")
+async def label_selection(request: Request, who: Operator = OPERATOR) -> Response:
+    """The same change on each device ticked on a page of the list, one API call each (as
+    ``devices label`` is run once a device): one refused stops there, those before it keep
+    their change."""
+    fields = await form(request, who)
+    selected = [d for d in fields.get("device", []) if d]
+    if not selected or len(selected) > MAX_SELECTED:
+        raise BadForm(400, f"devices: tick 1 to {MAX_SELECTED} devices, not {len(selected)}")
+    change = label_change(fields)
+    for device_id in selected:
+        path = f"/api/v1/devices/{quote(device_id, safe='')}/labels"
+        await who.api.call("PATCH", path, json={"labels": change})
+    shown = ",".join(f"{k}={v}" for k, v in change.items() if v is not None)
+    return redirect(f"/ui/devices?label={quote(shown)}" if shown else "/ui/devices")
 
 
 @router.post("/devices/{device_id}/labels")

@@ -292,3 +292,19 @@ def test_a_devices_presence_updates_without_a_reload(operator_console: Console) 
     # the agent's telemetry moves its last contact; the part re-reads it (htmx), no reload
     expect(page.locator("#last-seen")).not_to_have_text(first, timeout=15_000)
     expect(presence.locator(".pill")).to_have_text("online")
+
+
+def test_a_selection_of_devices_is_labelled_from_the_list(operator_console: Console) -> None:
+    page = operator_console.go("/ui/devices")
+    page.get_by_label("Select dev-a").check()
+    page.get_by_label("Select dev-b").check()
+    page.get_by_label("Operator labels for the selected devices").fill("line=7")
+    page.get_by_role("button", name="Label the selected").click()
+    expect(page).to_have_url(re.compile(r"/ui/devices\?label=line%3D7$"))
+    expect(page.locator("#count")).to_have_text("2 devices")
+    page.get_by_label("Select dev-a").check()
+    page.get_by_label("Select dev-b").check()
+    page.get_by_label("Operator labels for the selected devices").fill("line=")  # removes
+    page.get_by_role("button", name="Label the selected").click()
+    page = operator_console.go("/ui/devices?label=line%3D7")
+    expect(page.get_by_text("No device matches.")).to_be_visible()

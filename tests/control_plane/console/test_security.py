@@ -186,6 +186,7 @@ def test_a_viewer_rollout_is_refused_by_the_api_though_no_form_offers_it(fleet: 
         ("/ui/enrolments/any/approve", {}),
         ("/ui/enrolments/any/reject", {}),
         ("/ui/devices/dev-a/labels", {"set": "line=3"}),
+        ("/ui/devices/labels", {"device": "dev-a", "set": "line=3"}),
         ("/ui/models/mlp/versions/3/stage", {"stage": "production"}),
     ],
 )
@@ -205,6 +206,7 @@ def test_a_viewer_change_on_the_operator_pages_is_refused_by_the_api(
         "/ui/claims",
         "/ui/enrolments/any/approve",
         "/ui/devices/dev-a/labels",
+        "/ui/devices/labels",
         "/ui/models/mlp/versions/3/stage",
     ],
 )
