@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from control_plane.console import views
-from control_plane.console.web import OPERATOR, BadForm, Operator, render
+from control_plane.console.api import ApiRefused
+from control_plane.console.web import OPERATOR, BadForm, Operator, refresh_s, render
 from control_plane.device_view import device_lines
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -18,14 +21,36 @@ router = APIRouter(prefix="/ui", include_in_schema=False)
 async def overview(request: Request, who: Operator = OPERATOR) -> Response:
     summary = await who.api.get("/api/v1/devices/summary")  # counted by the database
     rollouts = await who.api.get("/api/v1/rollouts", limit=50)
+    counts = views.fleet_counts(summary)
+    drifts = [
+        d
+        for model, versions in counts.versions.items()
+        for version in versions
+        if (d := await _drift(who, model, version)) is not None
+    ]
     return render(
         request,
         "overview.html",
         who,
-        counts=views.fleet_counts(summary),
+        counts=counts,
         presences=views.PRESENCES,
         rollouts=views.active_rollouts(rollouts),
+        alerts=views.attention(counts, rollouts, drifts, datetime.now(UTC)),
     )
+
+
+async def _drift(who: Operator, model: str, version: int) -> dict[str, Any] | None:
+    """A served version's drift, or None for one the registry does not hold (a version a
+    device brought with it, never pushed)."""
+    try:
+        doc: dict[str, Any] = await who.api.get(
+            f"/api/v1/models/{quote(model, safe='')}/versions/{version}/drift"
+        )
+    except ApiRefused as exc:
+        if exc.status != 404:
+            raise
+        return None
+    return doc
 
 
 @router.get("/devices")
@@ -80,7 +105,22 @@ async def device(request: Request, device_id: str, who: Operator = OPERATOR) -> 
     path = f"/api/v1/devices/{quote(device_id, safe='')}"
     doc = await who.api.get(path)
     events = await who.api.get(f"{path}/events", limit=50)
-    return render(request, "device.html", who, device=doc, summary=device_lines(doc), events=events)
+    return render(
+        request,
+        "device.html",
+        who,
+        device=doc,
+        summary=device_lines(doc),
+        history=views.history_rows(events),
+        refresh_s=refresh_s(request),
+    )
+
+
+@router.get("/devices/{device_id}/presence")
+async def presence(request: Request, device_id: str, who: Operator = OPERATOR) -> Response:
+    """A device's presence and last contact, re-read by its open page (an htmx part)."""
+    doc = await who.api.get(f"/api/v1/devices/{quote(device_id, safe='')}")
+    return render(request, "_presence.html", who, device=doc, refresh_s=refresh_s(request))
 
 
 @router.get("/models")

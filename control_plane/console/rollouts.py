@@ -8,12 +8,20 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from control_plane.api.deps import services
 from control_plane.console import views
 from control_plane.console.api import ApiRefused
-from control_plane.console.web import OPERATOR, BadForm, Operator, form, redirect, render
+from control_plane.console.forms import pairs, rollout_spec
+from control_plane.console.web import (
+    OPERATOR,
+    BadForm,
+    Operator,
+    form,
+    redirect,
+    refresh_s,
+    render,
+)
 from control_plane.db.states import ACTIVE, RolloutState
-from control_plane.status_view import gate_words, phase_words
+from control_plane.status_view import gate_words, phase_words, shadow_words
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 PREVIEW_DEVICES = 100
@@ -37,16 +45,20 @@ def actions_for(doc: dict[str, Any]) -> tuple[str, ...]:
 
 
 def progress(doc: dict[str, Any]) -> dict[str, Any]:
-    """What the progress fragment shows: each wave with its gate verdict and its devices."""
+    """What the progress fragment shows: each wave with its shadow phase (in the CLI's words,
+    ``rollouts status``), its gate verdict and its devices."""
     waves = []
+    shadow = doc.get("shadow") or {}
     for w in doc["waves"]:
         verdict = gate_words({**doc, "current_wave": w["wave"]})
+        phase = shadow.get("waves", {}).get(str(w["wave"]))
         devices = [
             {"id": d["device_id"], "state": d["state"], "words": phase_words(d)}
             for d in doc["devices"]
             if d["wave"] == w["wave"]
         ]
-        waves.append(w | {"verdict": verdict, "device_rows": devices})
+        words = shadow_words(phase, shadow["spec"]) if phase else None
+        waves.append(w | {"verdict": verdict, "shadow": words, "device_rows": devices})
     live = doc["state"] in ACTIVE
     return {
         "doc": doc,
@@ -80,7 +92,7 @@ async def preview(
 ) -> Response:
     """The devices a rollout of this selector and these profiles would reach (an htmx part)."""
     try:
-        labels = _pairs(selector)
+        labels = pairs(selector)
     except BadForm as exc:
         return render(request, "_preview.html", who, error=exc.message, count=0, shown=[])
     label = [f"{k}={v}" for k, v in labels.items()]
@@ -112,7 +124,7 @@ async def create(request: Request, who: Operator = OPERATOR) -> Response:
     fields = await form(request, who)
     values = {k: v[-1] for k, v in fields.items()}
     try:
-        spec = _spec(fields)
+        spec = rollout_spec(fields)
         doc = await who.api.call("POST", "/api/v1/rollouts", json=spec)
     except BadForm as exc:
         status, error = exc.status, exc.message
@@ -122,13 +134,6 @@ async def create(request: Request, who: Operator = OPERATOR) -> Response:
         return redirect(f"/ui/rollouts/{doc['id']}")
     choices = await _form_choices(who)
     return render(request, "rollout_new.html", who, status, error=error, values=values, **choices)
-
-
-def refresh_s(request: Request) -> float:
-    """How often an active rollout's page re-reads it: each read carries every device row
-    (at 5,000 devices, an open page read every second cost the control plane 72 ms of CPU
-    a second; benchmarks/console)."""
-    return services(request).settings.console_live_interval_s
 
 
 @router.get("/rollouts/{rollout_id}")
@@ -173,40 +178,3 @@ async def _form_choices(who: Operator) -> dict[str, Any]:
         "profiles": sorted({r["hardware_profile"] for r in summary["presence"]} - {None}),
         "fleet": views.fleet_counts(summary),
     }
-
-
-def _pairs(text: str) -> dict[str, str]:
-    out = {}
-    for pair in (p.strip() for p in text.split(",")):
-        if not pair:
-            continue
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise BadForm(400, f"selector: expected key=value, got {pair!r}")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def _spec(fields: dict[str, list[str]]) -> dict[str, Any]:
-    """The API's rollout document from the form: blank fields keep the API's defaults, and
-    the API checks every value (a wrong one comes back as its 400, shown on the form)."""
-
-    def one(name: str) -> str:
-        return (fields.get(name) or [""])[-1].strip()
-
-    model, version = one("model"), one("version")
-    if not model or not version:
-        raise BadForm(400, "model and version: both are needed")
-    spec: dict[str, Any] = {"model": model, "version": version, "selector": _pairs(one("selector"))}
-    spec["profiles"] = [p for p in fields.get("profiles", []) if p]
-    if waves := one("waves"):
-        spec["waves"] = [w.strip() for w in waves.split(",") if w.strip()]
-    for name in ("bake_time_s", "device_timeout_s"):
-        if value := one(name):
-            spec[name] = value
-    gates: dict[str, Any] = {"allow_unjudged": one("allow_unjudged") == "on"}
-    for name in ("max_error_rate", "max_p99_ratio", "min_requests"):
-        if value := one(name):
-            gates[name] = value
-    spec["gates"] = gates
-    return spec

@@ -7,11 +7,13 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from common.protocol.errors import Rejection
 from control_plane.db.states import ACTIVE
 from control_plane.ingest.presence import Presence
+from control_plane.rollouts.windows import Window
 
 PAGE_SIZE = 50
 """Devices on one page of the device list."""
@@ -124,3 +126,143 @@ def history(windows: Sequence[dict[str, Any]], now_s: float, span_s: float) -> l
         return []
     oldest = max(buckets)
     return [point(now_s - i * span_s, buckets.get(i, []), span_s) for i in range(oldest, -1, -1)]
+
+
+EVENT_KEY = ("model", "version", "rollout_id", "state", "code", "reason")
+"""What makes two update events the same row of a device's history: progress and times
+may differ (a download's bytes, an agent reporting ``staged`` again after a reconnect)."""
+
+
+def history_rows(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A device's update history, newest first, each run of consecutive identical events
+    (``received``/``verified``/``staged`` reported again) one row with its ``count`` and its
+    first time; ``what`` names the model and version, and leaves out a version there is none
+    of (never ``vNone``)."""
+    rows: list[dict[str, Any]] = []
+    for e in events:  # oldest first, as the API gives them
+        key = tuple(e.get(k) for k in EVENT_KEY)
+        if rows and rows[-1]["key"] == key:
+            rows[-1] |= {"count": rows[-1]["count"] + 1, "last": e}
+            continue
+        rows.append({"key": key, "count": 1, "first_at": e["at"], "last": e})
+    return [
+        {
+            **r["last"],
+            "count": r["count"],
+            "first_at": r["first_at"],
+            "what": event_subject(r["last"]),
+            "code_words": code_words(r["last"].get("code")),
+        }
+        for r in reversed(rows)
+    ]
+
+
+def event_subject(e: dict[str, Any]) -> str:
+    """``mlp v2``, ``mlp`` when the event names no version, ``?`` when it names no model."""
+    model, version = e.get("model"), e.get("version")
+    if version is None:
+        return model or "?"
+    return f"{model or '?'} v{version}"
+
+
+def openings(window: Window, now: datetime, count: int) -> list[datetime]:
+    """The next ``count`` openings of ``window`` after ``now``, in UTC (fewer when it opens
+    fewer times within the window code's search horizon)."""
+    found: list[datetime] = []
+    while len(found) < count and (start := window.next_start(found[-1] if found else now)):
+        found.append(start)
+    return found
+
+
+ROLLBACK_HORIZON = timedelta(days=1)
+"""How far back the overview lists rollouts that rolled back."""
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One line of the overview's "needs attention" list, and the page that explains it."""
+
+    kind: str
+    words: str
+    href: str
+
+
+def attention(
+    counts: FleetCounts,
+    rollouts: Iterable[dict[str, Any]],
+    drifts: Iterable[dict[str, Any]],
+    now: datetime,
+) -> list[Alert]:
+    """What an operator should look at first: rollouts that rolled back in the last day (of
+    those given, the newest first), offline and silent devices, and model versions whose input
+    drift is over the threshold (the fleet's, or a device's)."""
+    alerts = [
+        Alert(
+            "rollback",
+            f"Rollout #{r['id']} of {r['model']} v{r['version']} "
+            f"{r['state'].replace('_', ' ')}" + (f": {r['reason']}" if r["reason"] else ""),
+            f"/ui/rollouts/{r['id']}",
+        )
+        for r in rollouts
+        if r["state"] in ("rolled_back", "rolling_back")
+        and now - datetime.fromisoformat(r["updated_at"]) <= ROLLBACK_HORIZON
+    ]
+    for presence, meaning in (
+        ("offline", "offline (a clean shutdown or a lost connection)"),
+        ("silent", "silent: online by their status, but nothing heard from them"),
+    ):
+        if n := counts.total[presence]:
+            alerts.append(
+                Alert(presence, f"{n} devices {meaning}", f"/ui/devices?presence={presence}")
+            )
+    for d in drifts:
+        over = [x for x in d["devices"] if x["over_threshold"]]
+        fleet_over = bool(d["fleet"] and d["fleet"]["over_threshold"])
+        if fleet_over or over:
+            where = "the fleet's" if fleet_over else f"{len(over)} devices'"
+            alerts.append(
+                Alert(
+                    "drift",
+                    f"{d['model']} v{d['version']}: {where} input drift over PSI "
+                    f"{d['psi_threshold']:g}",
+                    f"/ui/models/{d['model']}/versions/{d['version']}",
+                )
+            )
+    return alerts
+
+
+REJECTION_WORDS = {
+    Rejection.MALFORMED: "the message could not be read",
+    Rejection.UNSUPPORTED_SCHEMA: "the device does not know this message's schema version",
+    Rejection.UNKNOWN_KEY: "signed with a key the device's trust root does not hold",
+    Rejection.REVOKED_KEY: "signed with a key the trust root revoked",
+    Rejection.BAD_SIGNATURE: "the signature does not verify",
+    Rejection.INSUFFICIENT_SIGNATURES: "too few valid signatures for the trust root's threshold",
+    Rejection.EXPIRED: "the manifest had expired (check the device's clock)",
+    Rejection.NOT_YET_VALID: "the manifest is not valid yet (check the device's clock)",
+    Rejection.REPLAYED: "not newer than what the device already holds (a replay)",
+    Rejection.WRONG_TARGET: "the manifest is for another device",
+    Rejection.NO_ARTIFACT: "no artifact for this device's hardware profile",
+    Rejection.DIGEST_MISMATCH: "a downloaded file's digest differs from the manifest's",
+    Rejection.SIZE_MISMATCH: "a downloaded file's size differs from the manifest's",
+    Rejection.OVERSIZE: "larger than the device's limit (a message or a file)",
+    Rejection.DOWNLOAD_FAILED: "the download failed",
+    Rejection.DISK_FULL: "the device's disk is full",
+    Rejection.LOAD_FAILED: "the model would not load on the device",
+    Rejection.SELF_TEST_FAILED: "the version failed its self-test on the device",
+    Rejection.HEALTH_CHECK_FAILED: "the version failed its health window on the device",
+    Rejection.FLEET_COMMAND: "the control plane asked for it (a rollback or an abort)",
+    Rejection.NOTHING_TO_ROLL_BACK: "there was no earlier version to go back to",
+    Rejection.SUPERSEDED: "a newer update replaced this one",
+}
+"""Each code a device reports with a rejection or a rollback, in plain words."""
+
+
+def code_words(code: str | None) -> str | None:
+    """A rejection code in plain words (an unknown code as it came: a newer agent's)."""
+    if not code:
+        return None
+    try:
+        return REJECTION_WORDS[Rejection(code)]
+    except ValueError:
+        return code

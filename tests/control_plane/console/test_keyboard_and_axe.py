@@ -25,6 +25,10 @@ PAGES = [
     "/ui/rollouts/{rollout}",
     "/ui/rollouts/{rollout}/confirm/abort",
     "/ui/telemetry",
+    "/ui/deployments",
+    "/ui/windows",
+    "/ui/claims",
+    "/ui/enrolments",
 ]
 
 

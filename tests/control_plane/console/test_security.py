@@ -23,6 +23,10 @@ PAGES = [
     "/ui/rollouts",
     "/ui/rollouts/new",
     "/ui/telemetry",
+    "/ui/deployments",
+    "/ui/windows",
+    "/ui/claims",
+    "/ui/enrolments",
 ]
 
 
@@ -159,3 +163,53 @@ def test_a_viewer_action_is_refused_by_the_api(fleet: Fleet) -> None:
     with closing(logged_in(fleet, fleet.viewer_token)) as client:
         resp = client.post("/ui/rollouts/1/pause", data={"csrf": csrf_of(client)})
     assert resp.status_code == 403 and "this needs the operator role" in resp.text
+
+
+def test_a_viewer_rollout_is_refused_by_the_api_though_no_form_offers_it(fleet: Fleet) -> None:
+    with closing(logged_in(fleet, fleet.viewer_token)) as client:
+        assert "Start the rollout" not in client.get("/ui/rollouts/new").text
+        form = {"csrf": csrf_of(client), "model": "mlp", "version": "3"}
+        resp = client.post("/ui/rollouts", data=form)
+    assert resp.status_code == 403 and "this needs the operator role" in resp.text
+
+
+@pytest.mark.parametrize(
+    ("path", "form"),
+    [
+        ("/ui/deployments", {"name": "v", "model": "mlp", "version": "2"}),
+        ("/ui/deployments/any/version", {"version": "2"}),
+        ("/ui/deployments/any/delete", {}),
+        ("/ui/windows", {"name": "v", "cron": "0 2 * * *", "duration_s": "60"}),
+        ("/ui/windows/any/delete", {}),
+        ("/ui/claims", {"name": "v"}),
+        ("/ui/claims/any/revoke", {}),
+        ("/ui/enrolments/any/approve", {}),
+        ("/ui/enrolments/any/reject", {}),
+        ("/ui/devices/dev-a/labels", {"set": "line=3"}),
+        ("/ui/devices/labels", {"device": "dev-a", "set": "line=3"}),
+        ("/ui/models/mlp/versions/3/stage", {"stage": "production"}),
+    ],
+)
+def test_a_viewer_change_on_the_operator_pages_is_refused_by_the_api(
+    fleet: Fleet, path: str, form: dict[str, str]
+) -> None:
+    with closing(logged_in(fleet, fleet.viewer_token)) as client:
+        resp = client.post(path, data={"csrf": csrf_of(client), **form})
+    assert resp.status_code == 403 and "this needs the operator role" in resp.text, resp.text
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/ui/deployments",
+        "/ui/windows",
+        "/ui/claims",
+        "/ui/enrolments/any/approve",
+        "/ui/devices/dev-a/labels",
+        "/ui/devices/labels",
+        "/ui/models/mlp/versions/3/stage",
+    ],
+)
+def test_the_operator_forms_need_the_csrf_token(operator: httpx.Client, path: str) -> None:
+    resp = operator.post(path, data={"name": "no-csrf", "cron": "0 2 * * *"})
+    assert resp.status_code == 403 and "CSRF token is missing or wrong" in resp.text
