@@ -202,8 +202,8 @@ class RolloutEngine:
             )
             rollout.state, rollout.reason = RolloutState.CANCELLED, f"cancelled by {user}"
             rollout.updated_at = now
-            self.spans.action(rollout, user, exports.append)
-            self.spans.ended(rollout, exports.append)
+            self.spans.action(rollout, user, now, exports.append)
+            self.spans.ended(rollout, now, exports.append)
         for device_id, manifests in held:
             self.bus.publish_desired(device_id, manifests)
         for export in exports:
@@ -242,8 +242,8 @@ class RolloutEngine:
                 raise Conflict(f"rollout {rollout_id} is {rollout.state}; cannot go to {to}")
             rollout.state = to
             rollout.reason = reason or rollout.reason
-            rollout.updated_at = datetime.now(UTC)
-            self.spans.action(rollout, user, exports.append)
+            rollout.updated_at = now = datetime.now(UTC)
+            self.spans.action(rollout, user, now, exports.append)
         for export in exports:
             export()
         log.info("rollout state", extra={"rollout": rollout_id, "state": to, "reason": reason})
@@ -446,7 +446,7 @@ class RolloutEngine:
     async def _run_waves(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
         gates = Gates.model_validate(rollout.gates)
         wave_devices = [d for d in rollout.devices if d.wave == rollout.current_wave]
-        self.spans.wave(rollout, wave_devices)
+        self.spans.wave(rollout, wave_devices, now)
         unsent = [rd for rd in wave_devices if rd.state is DeviceRolloutState.PENDING]
         if unsent and rollout.shadow is not None:  # the wave meets live inputs unswitched first
             hold, verdict = await shadow_wave(
@@ -458,7 +458,7 @@ class RolloutEngine:
                 publish=self._publish_desired,
                 ttl_s=self.manifest_ttl_s,
             )
-            self.spans.shadow(rollout, self._held.append)
+            self.spans.shadow(rollout, now, self._held.append)
             if verdict is not None:
                 return fail(rollout, verdict)
             if hold:
@@ -488,7 +488,7 @@ class RolloutEngine:
             )
         wave = rollout.current_wave
         moved_on = await judge_wave(session, rollout, gates, wave_devices, now)
-        self.spans.judged(rollout, wave, self._held.append)
+        self.spans.judged(rollout, wave, now, self._held.append)
         if moved_on:
             await self._run_waves(session, rollout, now)
         return None
@@ -502,7 +502,7 @@ class RolloutEngine:
     # -- rolling back -----------------------------------------------------------------------
 
     async def _roll_back(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
-        self.spans.rollback(rollout, self._held.append)
+        self.spans.rollback(rollout, now, self._held.append)
         await withdraw_shadows(session, rollout, now, self._publish_desired)
         resend = self._resend.pop(rollout.id, set())
         self._rolling_back.add(rollout.id)
@@ -518,7 +518,7 @@ class RolloutEngine:
         )
         if rolled_back:
             self._rolling_back.discard(rollout.id)
-            self.spans.ended(rollout, self._held.append)
+            self.spans.ended(rollout, now, self._held.append)
 
 
 async def _locked(session: AsyncSession, rollout_id: int) -> Rollout | None:

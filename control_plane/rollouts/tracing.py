@@ -24,7 +24,6 @@ Waves are numbered as the CLI and the API show them, from 0.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
 from typing import Any
@@ -52,22 +51,22 @@ class RolloutSpans:
     def begin(self, rollout: Rollout) -> None:
         """``rollout`` was just planned: its span opens in the current trace (the API call's)."""
 
-    def wave(self, rollout: Rollout, wave_devices: list[RolloutDevice]) -> None:
-        """A step of the current wave: its span opens at the wave's first."""
+    def wave(self, rollout: Rollout, wave_devices: list[RolloutDevice], now: datetime) -> None:
+        """A step (at ``now``) of the current wave: its span opens at the wave's first."""
 
-    def shadow(self, rollout: Rollout, hold: Hold) -> None:
+    def shadow(self, rollout: Rollout, now: datetime, hold: Hold) -> None:
         """The current wave's shadow phase was stepped: its span, once it passed or failed."""
 
-    def judged(self, rollout: Rollout, wave: int, hold: Hold) -> None:
+    def judged(self, rollout: Rollout, wave: int, now: datetime, hold: Hold) -> None:
         """Wave ``wave`` was judged: a gates span for a verdict (passed, failed, paused)."""
 
-    def rollback(self, rollout: Rollout, hold: Hold) -> None:
-        """A rollback step: its span opens at the first (the wave's span ends there)."""
+    def rollback(self, rollout: Rollout, now: datetime, hold: Hold) -> None:
+        """A rollback step (at ``now``): its span opens at the first (the wave's ends there)."""
 
-    def action(self, rollout: Rollout, user: str | None, hold: Hold) -> None:
+    def action(self, rollout: Rollout, user: str | None, now: datetime, hold: Hold) -> None:
         """An operator moved ``rollout`` to its state (pause, resume, abort, cancel)."""
 
-    def ended(self, rollout: Rollout, hold: Hold) -> None:
+    def ended(self, rollout: Rollout, now: datetime, hold: Hold) -> None:
         """``rollout`` reached a final state: its open spans end, its own last."""
 
 
@@ -119,9 +118,10 @@ class TracedRollouts(RolloutSpans):
             "open": {"rollout": {"span_id": f"{ctx.span_id:016x}", "start_ns": span.start_time}},
         }
 
-    def _open(self, rollout: Rollout, key: str, **extra: Any) -> None:
+    def _open(self, rollout: Rollout, key: str, now: datetime, **extra: Any) -> None:
+        """Open span ``key``, from the step's ``now`` (what it records dates from then)."""
         assert rollout.trace is not None
-        opened = {"span_id": f"{self.ids.generate_span_id():016x}", "start_ns": _now_ns()}
+        opened = {"span_id": f"{self.ids.generate_span_id():016x}", "start_ns": _ns(now)}
         # a new object: the JSON column sees assignments, not changes inside it
         open_ = {**rollout.trace["open"], key: opened | extra}
         rollout.trace = {**rollout.trace, "open": open_}
@@ -132,10 +132,11 @@ class TracedRollouts(RolloutSpans):
         key: str,
         name: str,
         attributes: dict[str, Any],
+        now: datetime,
         hold: Hold,
         error: str | None = None,
     ) -> None:
-        """End the open span ``key``: exported under its stored ids once committed."""
+        """End the open span ``key`` at ``now``; exported under its stored ids once committed."""
         assert rollout.trace is not None
         open_ = dict(rollout.trace["open"])
         span = open_.pop(key, None)
@@ -153,7 +154,7 @@ class TracedRollouts(RolloutSpans):
             (trace_id, int(span["span_id"], 16)),
             name,
             context,
-            (span["start_ns"], _now_ns()),  # ended now, exported once committed
+            (span["start_ns"], _ns(now)),
             _base(rollout) | attributes,
             error,
         )
@@ -182,14 +183,15 @@ class TracedRollouts(RolloutSpans):
         parent_key: str,
         name: str,
         attributes: dict[str, Any],
+        now: datetime,
         hold: Hold,
         *,
         start_ns: int | None = None,
         error: str | None = None,
         link: Any = None,
     ) -> None:
-        """A span that starts and ends within one step: a child of the open span
-        ``parent_key`` (the rollout's, if that one is not open)."""
+        """A span that ends at the step's ``now``: a child of the open span ``parent_key``
+        (the rollout's, if that one is not open)."""
         assert rollout.trace is not None
         trace_id, root_id = _ids(rollout.trace)
         parent = rollout.trace["open"].get(parent_key)
@@ -197,7 +199,7 @@ class TracedRollouts(RolloutSpans):
         context = self._parent((trace_id, parent_id))
         attributes = _base(rollout) | attributes
         links = [self._link(link)] if link is not None else []
-        ended = _now_ns()  # when it was decided, not when the transaction committed
+        ended = _ns(now)  # when it was decided, not when the transaction committed
 
         def export() -> None:
             span = self._tracer.start_span(
@@ -215,14 +217,16 @@ class TracedRollouts(RolloutSpans):
 
     # -- what the engine tells --------------------------------------------------------------
 
-    def wave(self, rollout: Rollout, wave_devices: list[RolloutDevice]) -> None:
+    def wave(self, rollout: Rollout, wave_devices: list[RolloutDevice], now: datetime) -> None:
         if rollout.trace is None:
             return
         opened = rollout.trace["open"].get("wave")
         if opened is None or opened["wave"] != rollout.current_wave:
-            self._open(rollout, "wave", wave=rollout.current_wave, devices=len(wave_devices))
+            self._open(rollout, "wave", now, wave=rollout.current_wave, devices=len(wave_devices))
 
-    def _end_wave(self, rollout: Rollout, outcome: str, hold: Hold, error: str | None) -> None:
+    def _end_wave(
+        self, rollout: Rollout, outcome: str, now: datetime, hold: Hold, error: str | None
+    ) -> None:
         assert rollout.trace is not None
         opened = rollout.trace["open"].get("wave")
         if opened is None:
@@ -238,9 +242,9 @@ class TracedRollouts(RolloutSpans):
             ),
             "edgefleet.rollout.wave.outcome": outcome,
         }
-        self._end(rollout, "wave", f"wave {opened['wave']}", attributes, hold, error)
+        self._end(rollout, "wave", f"wave {opened['wave']}", attributes, now, hold, error)
 
-    def shadow(self, rollout: Rollout, hold: Hold) -> None:
+    def shadow(self, rollout: Rollout, now: datetime, hold: Hold) -> None:
         if rollout.trace is None or rollout.shadow is None:
             return
         wave = rollout.current_wave
@@ -257,10 +261,17 @@ class TracedRollouts(RolloutSpans):
         started = _ns(datetime.fromisoformat(state["started_at"]))
         error = state.get("reason") if state["state"] == "failed" else None
         self._child(
-            rollout, "wave", f"shadow wave {wave}", attributes, hold, start_ns=started, error=error
+            rollout,
+            "wave",
+            f"shadow wave {wave}",
+            attributes,
+            now,
+            hold,
+            start_ns=started,
+            error=error,
         )
 
-    def judged(self, rollout: Rollout, wave: int, hold: Hold) -> None:
+    def judged(self, rollout: Rollout, wave: int, now: datetime, hold: Hold) -> None:
         if rollout.trace is None:
             return
         if rollout.current_wave != wave or rollout.state is RolloutState.SUCCEEDED:
@@ -279,22 +290,29 @@ class TracedRollouts(RolloutSpans):
         started = _ns(required_utc(rollout.bake_started_at)) if rollout.bake_started_at else None
         error = rollout.reason if verdict == "failed" else None
         self._child(
-            rollout, "wave", f"gates wave {wave}", attributes, hold, start_ns=started, error=error
+            rollout,
+            "wave",
+            f"gates wave {wave}",
+            attributes,
+            now,
+            hold,
+            start_ns=started,
+            error=error,
         )
         if verdict == "passed":
-            self._end_wave(rollout, verdict, hold, None)
+            self._end_wave(rollout, verdict, now, hold, None)
         if rollout.state is RolloutState.SUCCEEDED:
-            self.ended(rollout, hold)
+            self.ended(rollout, now, hold)
 
-    def rollback(self, rollout: Rollout, hold: Hold) -> None:
+    def rollback(self, rollout: Rollout, now: datetime, hold: Hold) -> None:
         if rollout.trace is None or "rollback" in rollout.trace["open"]:
             return
         # the wave ends where its rollback begins: a gate or its shadow phase failed it, or
         # an operator aborted the rollout
-        self._end_wave(rollout, "rolled_back", hold, rollout.reason)
-        self._open(rollout, "rollback", reason=rollout.reason)
+        self._end_wave(rollout, "rolled_back", now, hold, rollout.reason)
+        self._open(rollout, "rollback", now, reason=rollout.reason)
 
-    def action(self, rollout: Rollout, user: str | None, hold: Hold) -> None:
+    def action(self, rollout: Rollout, user: str | None, now: datetime, hold: Hold) -> None:
         if rollout.trace is None:
             return
         attributes: dict[str, Any] = {"edgefleet.rollout.state": str(rollout.state)}
@@ -303,21 +321,27 @@ class TracedRollouts(RolloutSpans):
         api_call = self._trace.get_current_span().get_span_context()
         name = ACTIONS.get(rollout.state, str(rollout.state))
         self._child(
-            rollout, "rollout", name, attributes, hold, link=api_call if api_call.is_valid else None
+            rollout,
+            "rollout",
+            name,
+            attributes,
+            now,
+            hold,
+            link=api_call if api_call.is_valid else None,
         )
 
-    def ended(self, rollout: Rollout, hold: Hold) -> None:
+    def ended(self, rollout: Rollout, now: datetime, hold: Hold) -> None:
         if rollout.trace is None:
             return
         outcome = str(rollout.state)
         failed = rollout.reason if rollout.state is RolloutState.ROLLED_BACK else None
-        self._end_wave(rollout, outcome, hold, None)
+        self._end_wave(rollout, outcome, now, hold, None)
         touched = [d for d in rollout.devices if d.state not in UNSENT]
         states: dict[str, int] = {}
         for d in touched:
             states[str(d.state)] = states.get(str(d.state), 0) + 1
         back = {f"edgefleet.rollout.devices.{s}": n for s, n in states.items()}
-        self._end(rollout, "rollback", "rollback", back, hold, failed)
+        self._end(rollout, "rollback", "rollback", back, now, hold, failed)
         attributes = {
             "edgefleet.rollout.state": outcome,
             "edgefleet.rollout.reason": rollout.reason,
@@ -327,7 +351,7 @@ class TracedRollouts(RolloutSpans):
         }
         if rollout.deployment_id is not None:
             attributes["edgefleet.deployment.id"] = rollout.deployment_id
-        self._end(rollout, "rollout", _root_name(rollout), attributes, hold, failed)
+        self._end(rollout, "rollout", _root_name(rollout), attributes, now, hold, failed)
 
 
 def _root_name(rollout: Rollout) -> str:
@@ -364,7 +388,3 @@ def _figures(prefix: str, report: Mapping[str, Any], skip: Collection[str] = ())
 
 def _ns(at: datetime) -> int:
     return int(at.timestamp() * 1e9)
-
-
-def _now_ns() -> int:
-    return time.time_ns()
