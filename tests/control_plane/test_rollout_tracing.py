@@ -5,6 +5,8 @@ children; a control plane restarted mid-rollout goes on in the same trace."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -155,6 +157,52 @@ def test_an_aborted_rollout_has_a_rollback_span(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_failed_shadow_phase_is_a_span_of_its_wave(
+    start_control_plane: ControlPlaneFactory,
+    start_agent: AgentFactory,
+    receiver: tuple[Receiver, str],
+    tmp_path: Path,
+) -> None:
+    found, endpoint = receiver
+    with (
+        start_control_plane(tracing={"enabled": True, "endpoint": endpoint}) as cp,
+        start_agent("dev-a", cp) as a,
+    ):
+        wait_devices(cp, "dev-a")
+        push(cp.admin, "mlp", 2, [(mlp_version(tmp_path / "v2", seed=2), [])])
+        validate(cp.admin, "mlp", 2)
+        spec = {
+            "model": "mlp",
+            "version": 2,
+            "selector": {"site": "lab"},
+            "waves": ["100%"],
+            "gates": {"allow_unjudged": True},
+            # no traffic: far fewer shadowed requests than asked for when the phase times out
+            "shadow": {"min_requests": 100000, "timeout_s": 1},
+        }
+        created = cp.admin.post("/api/v1/rollouts", json=spec)  # no traceparent: a root
+        assert created.status_code == 201, created.text
+        doc = wait_rollout(cp, int(created.json()["id"]), "rolled_back")
+        assert served(a) == "1"
+    root = _one(found, "rollout mlp v2")
+    post = _one(found, "POST /api/v1/rollouts")
+    assert (root.trace_id, root.parent_span_id) == (post.trace_id, post.span_id)
+    wave = found.children(root)["wave 0"]
+    shadow = found.children(wave)["shadow wave 0"]
+    phase = doc["shadow"]["waves"]["0"]
+    assert shadow.attributes["edgefleet.shadow.verdict"] == "failed"
+    assert shadow.attributes["edgefleet.shadow.reason"] == phase["reason"] == doc["reason"]
+    assert shadow.attributes["edgefleet.shadow.requests"] == phase["requests"]
+    assert shadow.attributes["edgefleet.rollout.wave"] == 0
+    assert wave.start_ns <= shadow.start_ns <= shadow.end_ns <= wave.end_ns
+    assert "gates wave 0" not in found.children(wave)  # never switched, never judged
+    assert wave.attributes["edgefleet.rollout.wave.outcome"] == "rolled_back"
+    assert wave.attributes["edgefleet.rollout.wave.devices_sent"] == 0
+    assert "rollback" in found.children(root)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_control_plane_restarted_mid_rollout_continues_its_trace(
     start_control_plane: ControlPlaneFactory,
     start_agent: AgentFactory,
@@ -216,3 +264,21 @@ def test_the_trace_column_migrates_up_and_down(tmp_path: Path) -> None:
         command.upgrade(alembic_config(conn), "head")
     assert "trace" in columns()
     engine.dispose()
+
+
+def test_a_control_plane_that_does_not_trace_never_loads_the_sdk() -> None:
+    """Tracing off costs nothing: the rollout engine holds a span object that does nothing,
+    and nothing the composition root loads imports OpenTelemetry's SDK or exporter (its API
+    is FastAPI's own import)."""
+    code = (
+        "import sys\n"
+        "import control_plane.main, control_plane.app, control_plane.rollouts.engine\n"
+        "from control_plane.rollouts.tracing import RolloutSpans\n"
+        "RolloutSpans().begin(None)\n"
+        "sdk = ('opentelemetry.sdk', 'opentelemetry.exporter')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(sdk)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]"
