@@ -486,9 +486,9 @@ class RolloutEngine:
                     "devices": len(wave_devices),
                 },
             )
-        wave = rollout.current_wave
+        wave, baked_from = rollout.current_wave, rollout.bake_started_at
         moved_on = await judge_wave(session, rollout, gates, wave_devices, now)
-        self.spans.judged(rollout, wave, now, self._held.append)
+        self.spans.judged(rollout, wave, baked_from, now, self._held.append)
         if moved_on:
             await self._run_waves(session, rollout, now)
         return None

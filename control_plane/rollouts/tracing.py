@@ -57,8 +57,12 @@ class RolloutSpans:
     def shadow(self, rollout: Rollout, now: datetime, hold: Hold) -> None:
         """The current wave's shadow phase was stepped: its span, once it passed or failed."""
 
-    def judged(self, rollout: Rollout, wave: int, now: datetime, hold: Hold) -> None:
-        """Wave ``wave`` was judged: a gates span for a verdict (passed, failed, paused)."""
+    def judged(
+        self, rollout: Rollout, wave: int, baked_from: datetime | None, now: datetime, hold: Hold
+    ) -> None:
+        """Wave ``wave`` was judged: a gates span for a verdict (passed, failed, paused),
+        from its bake's start (``baked_from``: as it was before the judgement, which clears
+        it for the next wave)."""
 
     def rollback(self, rollout: Rollout, now: datetime, hold: Hold) -> None:
         """A rollback step (at ``now``): its span opens at the first (the wave's ends there)."""
@@ -271,7 +275,9 @@ class TracedRollouts(RolloutSpans):
             error=error,
         )
 
-    def judged(self, rollout: Rollout, wave: int, now: datetime, hold: Hold) -> None:
+    def judged(
+        self, rollout: Rollout, wave: int, baked_from: datetime | None, now: datetime, hold: Hold
+    ) -> None:
         if rollout.trace is None:
             return
         if rollout.current_wave != wave or rollout.state is RolloutState.SUCCEEDED:
@@ -287,7 +293,8 @@ class TracedRollouts(RolloutSpans):
         attributes |= _figures("edgefleet.gate", report)
         if verdict != "passed":
             attributes["edgefleet.gate.reason"] = rollout.reason
-        started = _ns(required_utc(rollout.bake_started_at)) if rollout.bake_started_at else None
+        baked = rollout.bake_started_at or baked_from
+        started = _ns(required_utc(baked)) if baked else None
         error = rollout.reason if verdict == "failed" else None
         self._child(
             rollout,

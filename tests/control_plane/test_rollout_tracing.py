@@ -107,6 +107,8 @@ def test_a_rollout_is_a_trace_under_the_call_that_created_it(
         assert gates.attributes["edgefleet.gate.errors"] == report["errors"]
         assert gates.attributes["edgefleet.gate.note"] == report["note"]
         assert wave.start_ns <= gates.start_ns <= gates.end_ns <= wave.end_ns
+        # the judgement's span covers the bake (0.5 s) it waited out
+        assert gates.end_ns - gates.start_ns >= 0.5e9
     assert children["wave 0"].end_ns <= children["wave 1"].start_ns
     assert root.start_ns <= children["wave 0"].start_ns and children["wave 1"].end_ns <= root.end_ns
     assert children["pause"].attributes["edgefleet.rollout.actor"] == doc["created_by"]
