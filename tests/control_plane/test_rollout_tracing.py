@@ -1,7 +1,8 @@
 """A rollout as an OpenTelemetry trace, read off a real OTLP/HTTP receiver: a real Mosquitto,
 control plane and agents, as the other rollout tests run them. The rollout's span continues
 the trace of the call that created it; its waves, gates, operator actions and rollback are its
-children; a control plane restarted mid-rollout goes on in the same trace."""
+children; a control plane restarted mid-rollout goes on in the same trace (on SQLite and PostgreSQL: the trace context
+lives in the database)."""
 
 from __future__ import annotations
 
@@ -204,7 +205,6 @@ def test_a_failed_shadow_phase_is_a_span_of_its_wave(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_control_plane_restarted_mid_rollout_continues_its_trace(
     start_control_plane: ControlPlaneFactory,
     start_agent: AgentFactory,
