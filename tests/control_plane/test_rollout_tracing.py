@@ -17,12 +17,15 @@ from alembic import command
 from sqlalchemy import create_engine, inspect
 
 from control_plane.db.session import alembic_config, migrate, sync_url
-from runtimes.examples.variants import mlp_version
+from runtimes.examples.variants import fragile_mlp_version, mlp_version
 from tests.agent.server import wait_until
 from tests.control_plane.conftest import AgentFactory, ControlPlaneFactory
 from tests.control_plane.server import RunningControlPlane
 from tests.control_plane.test_rollouts import (
+    X,
+    infer,
     push,
+    rollout,
     served,
     validate,
     wait_devices,
@@ -156,6 +159,48 @@ def test_an_aborted_rollout_has_a_rollback_span(
     assert children["abort"].attributes["edgefleet.rollout.actor"] == doc["created_by"]
     assert rollback.attributes["edgefleet.rollout.devices.reverted"] == 1
     assert wave.end_ns <= rollback.start_ns <= rollback.end_ns <= root.end_ns
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_failed_gate_is_a_failed_span_with_the_report_s_figures(
+    start_control_plane: ControlPlaneFactory,
+    start_agent: AgentFactory,
+    receiver: tuple[Receiver, str],
+    tmp_path: Path,
+) -> None:
+    found, endpoint = receiver
+    with (
+        start_control_plane(tracing={"enabled": True, "endpoint": endpoint}) as cp,
+        start_agent("dev-a", cp) as a,
+        start_agent("dev-b", cp),
+    ):
+        wait_devices(cp, "dev-a", "dev-b")
+        push(cp.admin, "mlp", 2, [(fragile_mlp_version(tmp_path / "v2", seed=5), [])])
+        validate(cp.admin, "mlp", 2)
+        rollout_id = rollout(
+            cp, 2, bake_time_s=60, gates={"max_error_rate": 0.05, "min_requests": 10}
+        )
+        wait_until(lambda: served(a) == "2", what="wave 0 (dev-a) to switch")
+        poison = X.copy()
+        poison[:, 0] = 500.0  # the fragile version fails on these
+        for _ in range(30):
+            infer(a, poison)
+        doc = wait_rollout(cp, rollout_id, "rolled_back")
+    root = _one(found, "rollout mlp v2")
+    wave = found.children(root)["wave 0"]
+    gates = found.children(wave)["gates wave 0"]
+    report = doc["gate_report"]["0"]
+    assert gates.attributes["edgefleet.gate.verdict"] == "failed"
+    assert gates.attributes["edgefleet.gate.reason"] == doc["reason"]
+    assert "error rate" in doc["reason"]
+    assert gates.attributes["edgefleet.gate.error_rate"] == report["error_rate"] > 0.05
+    assert gates.attributes["edgefleet.gate.errors"] == report["errors"]
+    assert gates.attributes["edgefleet.gate.requests"] == report["requests"]
+    assert root.attributes["edgefleet.rollout.state"] == "rolled_back"
+    rollback = found.children(root)["rollback"]
+    assert rollback.attributes["edgefleet.rollout.devices.reverted"] == 1
+    assert gates.end_ns <= wave.end_ns <= rollback.start_ns
 
 
 @pytest.mark.slow
