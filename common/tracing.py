@@ -33,8 +33,9 @@ class TracingSettings(BaseModel):
     own (``edgefleet-agent``, ``edgefleet-control-plane``)."""
 
 
-def tracer_provider(settings: TracingSettings, default_name: str) -> Any:
-    """The SDK's provider with a batch processor over the OTLP/HTTP exporter."""
+def tracer_provider(settings: TracingSettings, default_name: str, id_generator: Any = None) -> Any:
+    """The SDK's provider with a batch processor over the OTLP/HTTP exporter;
+    ``id_generator``: the SDK's ``IdGenerator`` interface, default random ids."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import OTELResourceDetector, Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -47,6 +48,6 @@ def tracer_provider(settings: TracingSettings, default_name: str) -> Any:
     sampler = None  # the SDK reads OTEL_TRACES_SAMPLER(_ARG); default parent-based, all
     if settings.sample_ratio is not None:
         sampler = ParentBased(TraceIdRatioBased(settings.sample_ratio))
-    provider = TracerProvider(resource=resource, sampler=sampler)
+    provider = TracerProvider(resource=resource, sampler=sampler, id_generator=id_generator)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.endpoint)))
     return provider

@@ -109,12 +109,12 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
     app.add_exception_handler(RequestValidationError, handle_error)
     app.add_exception_handler(DBAPIError, handle_error)  # 503 while the database is away
     mount_console(app)  # the operator console under /ui/, a client of the routes above
-    if svc.settings.tracing.enabled:
+    if svc.tracer_provider is not None:
         # imported here: a control plane that does not trace never loads the SDK
         from control_plane.api import tracing
 
-        app.state.tracer_provider = tracing.provider(svc.settings.tracing)
-        app.add_middleware(tracing.ApiTracing, provider=app.state.tracer_provider)
+        app.state.tracer_provider = svc.tracer_provider
+        app.add_middleware(tracing.ApiTracing, provider=svc.tracer_provider)
 
     @app.get("/health", tags=["Observability"], summary="Database and broker reachability")
     async def health(request: Request) -> Response:

@@ -21,6 +21,7 @@ from control_plane.metrics import FleetMetrics
 from control_plane.mqtt.bus import FleetBus
 from control_plane.registry.store import ArtifactStore
 from control_plane.rollouts.engine import RolloutEngine
+from control_plane.rollouts.tracing import RolloutSpans
 from control_plane.settings import ControlPlaneSettings
 from control_plane.signing.keys import KeyRing, load_key, load_or_create_key
 from control_plane.signing.trust import TrustManager
@@ -86,6 +87,12 @@ def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
     )
     leadership.on_leader.append(lambda lead: metrics.leader_seen(lead.leader, lead.leading))
     metrics.leader_seen(leadership.leader, leadership.leading)
+    spans, provider = RolloutSpans(), None
+    if settings.tracing.enabled:  # imported only then: a control plane that does not trace
+        from control_plane.rollouts.tracing import TracedRollouts  # never loads the SDK
+
+        traced = TracedRollouts(settings.tracing)
+        spans, provider = traced, traced.provider
     rollouts = RolloutEngine(
         sessions,
         bus,
@@ -96,11 +103,14 @@ def build(settings: ControlPlaneSettings) -> tuple[Services, TrustManager]:
         tick_s=settings.rollout_tick_s,
         leadership=leadership,
         send_chunk=settings.rollout_send_chunk_devices,
+        spans=spans,
     )
     ingestor.listeners.append(rollouts.on_events)
     ingestor.on_device_online.append(rollouts.on_device_online)
     store = ArtifactStore(settings.artifact_dir, settings.max_upload_bytes)
-    services = Services(settings, sessions, store, keys, bus, ingestor, rollouts, metrics, silence)
+    services = Services(
+        settings, sessions, store, keys, bus, ingestor, rollouts, metrics, silence, provider
+    )
     trust = TrustManager(sessions, keys, bus, settings.state_dir)
     # rollback commands it lost reach their devices at their next birth (rollouts.on_births)
     bus.on_broker_state_lost += [trust.ensure, rollouts.republish_desired]

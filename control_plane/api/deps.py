@@ -58,6 +58,9 @@ class Services:
     metrics: FleetMetrics
     silence: SilenceRule
     """When a device counts as silent: the API judges presence by the rule ``metrics`` counts by."""
+    tracer_provider: Any = None
+    """OpenTelemetry's provider (``[tracing] enabled``), which the API's and the rollouts'
+    spans share; none with tracing off."""
 
 
 def services(request: Request) -> Services:

@@ -404,8 +404,8 @@ async def act_on_rollout(
 ) -> Response:
     engine = services(request).engine
     actions = {
-        "pause": lambda: engine.pause(rollout_id),
-        "resume": lambda: engine.resume(rollout_id),
+        "pause": lambda: engine.pause(rollout_id, who.name),
+        "resume": lambda: engine.resume(rollout_id, who.name),
         "abort": lambda: engine.abort(rollout_id, who.name),
         "cancel": lambda: engine.cancel(rollout_id, who.name),
     }

@@ -1,8 +1,10 @@
 """OpenTelemetry server spans of the control plane's HTTP API and console, as pure ASGI
 middleware: each request continues the caller's ``traceparent`` (a CLI or a pipeline that
 traces itself), is named by its route template (``POST /api/v1/rollouts``), and carries the
-HTTP semantic conventions' attributes. Added only where ``[tracing] enabled``
-(:func:`control_plane.app.create_app`); the SDK is imported only then."""
+HTTP semantic conventions' attributes. The span is the current one while the route runs: a
+rollout it creates opens its own span under it (:mod:`control_plane.rollouts.tracing`).
+Added only where ``[tracing] enabled`` (:func:`control_plane.app.create_app`); the SDK is
+imported only then."""
 
 from __future__ import annotations
 
@@ -11,16 +13,12 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from common.tracing import TracingSettings, tracer_provider
-
-
-def provider(settings: TracingSettings) -> Any:
-    """The control plane's tracer provider; the lifespan shuts it down (flushing spans)."""
-    return tracer_provider(settings, "edgefleet-control-plane")
-
 
 class ApiTracing:
     def __init__(self, app: ASGIApp, provider: Any) -> None:
+        """``provider``: the control plane's (:class:`~control_plane.rollouts.tracing.
+        TracedRollouts` builds it); the lifespan shuts it down, flushing the spans."""
+        from opentelemetry import context, trace
         from opentelemetry.trace import SpanKind
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -28,6 +26,7 @@ class ApiTracing:
         self.tracer = provider.get_tracer("edgefleet.control_plane")
         self._kind = SpanKind.SERVER
         self._propagator = TraceContextTextMapPropagator()
+        self._context, self._in = context, trace.set_span_in_context
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -55,9 +54,11 @@ class ApiTracing:
                 status = message["status"]
             await send(message)
 
+        token = self._context.attach(self._in(span, parent))
         try:
             await self.app(scope, receive, send_status)
         finally:
+            self._context.detach(token)
             _end(span, scope, status)
 
 

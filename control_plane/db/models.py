@@ -165,6 +165,9 @@ class Rollout(Base):
     shadow: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     """Its shadow phase: ``{"spec": ShadowSpec, "waves": {wave: state and report}}``
     (:mod:`control_plane.rollouts.shadow`); none without one."""
+    trace: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """Its OpenTelemetry trace context and the ids of its spans still open
+    (:mod:`control_plane.rollouts.tracing`); none when not traced."""
     devices: Mapped[list[RolloutDevice]] = relationship(
         back_populates="rollout", order_by="RolloutDevice.position"
     )

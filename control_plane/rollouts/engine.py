@@ -15,7 +15,8 @@ the rollout across replicas: any replica applies device events and operators' re
 (the leader, :mod:`control_plane.leadership`) steps rollouts, under its fencing epoch.
 
 Judging a wave is :mod:`.waves`, rolling back :mod:`.rollback`, reading device states back
-from their status :mod:`.reconcile`.
+from their status :mod:`.reconcile`, the OpenTelemetry spans an operator follows a rollout by
+:mod:`.tracing`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from control_plane.rollouts.sending import (
 )
 from control_plane.rollouts.shadow import shadow_wave, withdraw_shadows
 from control_plane.rollouts.spec import Gates, RolloutSpec
+from control_plane.rollouts.tracing import RolloutSpans
 from control_plane.rollouts.waves import fail, judge_wave
 from control_plane.signing.keys import KeyRing
 
@@ -79,11 +81,14 @@ class RolloutEngine:
         tick_s: float,
         leadership: Leadership,
         send_chunk: int = SEND_CHUNK,
+        spans: RolloutSpans | None = None,
     ) -> None:
         """``leadership``: this engine's loop runs on the replica that leads (see
         :mod:`control_plane.leadership`); its steps commit only under the leader's epoch.
         ``send_chunk``: devices sent their manifests per transaction
-        (:mod:`control_plane.rollouts.sending`)."""
+        (:mod:`control_plane.rollouts.sending`). ``spans``: the rollouts' OpenTelemetry
+        spans (:mod:`.tracing`); none: not traced."""
+        self.spans = spans or RolloutSpans()
         self.sessions = sessions
         self.leadership = leadership
         self.bus = bus
@@ -140,6 +145,9 @@ class RolloutEngine:
                 only=only,
                 deployment_id=deployment_id,
             )
+            rollout = await session.get(Rollout, rollout_id)
+            if rollout is not None:  # its span, under the current one (the API call's)
+                self.spans.begin(rollout)
             if fenced:
                 await self.leadership.fence(session)
         await self._step_if_leading(rollout_id)
@@ -154,11 +162,11 @@ class RolloutEngine:
             with contextlib.suppress(Fenced):
                 await self.step(rollout_id, chunks=1)
 
-    async def pause(self, rollout_id: int) -> None:
-        await self._transition(rollout_id, {RolloutState.RUNNING}, RolloutState.PAUSED)
+    async def pause(self, rollout_id: int, user: str | None = None) -> None:
+        await self._transition(rollout_id, {RolloutState.RUNNING}, RolloutState.PAUSED, user=user)
 
-    async def resume(self, rollout_id: int) -> None:
-        await self._transition(rollout_id, {RolloutState.PAUSED}, RolloutState.RUNNING)
+    async def resume(self, rollout_id: int, user: str | None = None) -> None:
+        await self._transition(rollout_id, {RolloutState.PAUSED}, RolloutState.RUNNING, user=user)
         await self._step_if_leading(rollout_id)
 
     async def cancel(self, rollout_id: int, user: str) -> None:
@@ -167,6 +175,7 @@ class RolloutEngine:
         (:mod:`.cancel`). Any replica serves it, as it serves the other operator actions: not
         fenced."""
         held: list[tuple[str, list[dict[str, Any]]]] = []
+        exports: list[Callable[[], None]] = []  # its spans, also once committed
 
         def hold(device: Device) -> None:  # published once committed, as a step's are
             held.append((device.id, list(device.desired.values())))
@@ -193,8 +202,12 @@ class RolloutEngine:
             )
             rollout.state, rollout.reason = RolloutState.CANCELLED, f"cancelled by {user}"
             rollout.updated_at = now
+            self.spans.action(rollout, user, now, exports.append)
+            self.spans.ended(rollout, now, exports.append)
         for device_id, manifests in held:
             self.bus.publish_desired(device_id, manifests)
+        for export in exports:
+            export()
         log.info(
             "rollout state",
             extra={"rollout": rollout_id, "state": RolloutState.CANCELLED, "withdrawn": len(held)},
@@ -206,6 +219,7 @@ class RolloutEngine:
             {RolloutState.RUNNING, RolloutState.PAUSED},
             RolloutState.ROLLING_BACK,
             f"aborted by {user}",
+            user=user,
         )
         await self._step_if_leading(rollout_id)
 
@@ -215,7 +229,10 @@ class RolloutEngine:
         allowed: set[RolloutState],
         to: RolloutState,
         reason: str = "",
+        *,
+        user: str | None = None,
     ) -> None:
+        exports: list[Callable[[], None]] = []  # its span, once committed
         async with self._lock, self.sessions.begin() as session:
             # locked: the leader's step and another replica's request must not interleave
             rollout = await session.get(Rollout, rollout_id, with_for_update=True)
@@ -225,7 +242,10 @@ class RolloutEngine:
                 raise Conflict(f"rollout {rollout_id} is {rollout.state}; cannot go to {to}")
             rollout.state = to
             rollout.reason = reason or rollout.reason
-            rollout.updated_at = datetime.now(UTC)
+            rollout.updated_at = now = datetime.now(UTC)
+            self.spans.action(rollout, user, now, exports.append)
+        for export in exports:
+            export()
         log.info("rollout state", extra={"rollout": rollout_id, "state": to, "reason": reason})
 
     # -- the loop ---------------------------------------------------------------------------
@@ -426,6 +446,7 @@ class RolloutEngine:
     async def _run_waves(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
         gates = Gates.model_validate(rollout.gates)
         wave_devices = [d for d in rollout.devices if d.wave == rollout.current_wave]
+        self.spans.wave(rollout, wave_devices, now)
         unsent = [rd for rd in wave_devices if rd.state is DeviceRolloutState.PENDING]
         if unsent and rollout.shadow is not None:  # the wave meets live inputs unswitched first
             hold, verdict = await shadow_wave(
@@ -437,6 +458,7 @@ class RolloutEngine:
                 publish=self._publish_desired,
                 ttl_s=self.manifest_ttl_s,
             )
+            self.spans.shadow(rollout, now, self._held.append)
             if verdict is not None:
                 return fail(rollout, verdict)
             if hold:
@@ -464,7 +486,10 @@ class RolloutEngine:
                     "devices": len(wave_devices),
                 },
             )
-        if await judge_wave(session, rollout, gates, wave_devices, now):
+        wave, baked_from = rollout.current_wave, rollout.bake_started_at
+        moved_on = await judge_wave(session, rollout, gates, wave_devices, now)
+        self.spans.judged(rollout, wave, baked_from, now, self._held.append)
+        if moved_on:
             await self._run_waves(session, rollout, now)
         return None
 
@@ -477,6 +502,7 @@ class RolloutEngine:
     # -- rolling back -----------------------------------------------------------------------
 
     async def _roll_back(self, session: AsyncSession, rollout: Rollout, now: datetime) -> None:
+        self.spans.rollback(rollout, now, self._held.append)
         await withdraw_shadows(session, rollout, now, self._publish_desired)
         resend = self._resend.pop(rollout.id, set())
         self._rolling_back.add(rollout.id)
@@ -492,6 +518,7 @@ class RolloutEngine:
         )
         if rolled_back:
             self._rolling_back.discard(rollout.id)
+            self.spans.ended(rollout, now, self._held.append)
 
 
 async def _locked(session: AsyncSession, rollout_id: int) -> Rollout | None:
