@@ -10,7 +10,8 @@ Attributes follow OpenTelemetry's HTTP and RPC semantic conventions (``http.requ
 ``url.path``, ``http.response.status_code``; ``rpc.system``, ``rpc.service``, ``rpc.method``,
 ``rpc.grpc.status_code``) and add the agent's: ``edgefleet.model``, ``edgefleet.model.version``,
 ``edgefleet.runtime``, ``edgefleet.execution_provider``, ``edgefleet.request_id`` and, on the
-compute child, ``edgefleet.batch.rows`` (the rows of the batch the request ran in).
+compute child, ``edgefleet.batch.rows`` (the rows of the batch the request ran in). A
+pipeline's request has a ``step <name>`` child per step instead (``edgefleet.pipeline.step``).
 NOTE: https://opentelemetry.io/docs/specs/semconv/http/http-spans/
 """
 
@@ -77,10 +78,11 @@ class RequestSpan:
         model: str,
         version: str,
         placement: Placement | None,
-        timing: tuple[float, float, float, int] | None,
+        timing: tuple[Any, ...] | None,
     ) -> None:
         """What the request ran on; ``timing``: (queue seconds, compute seconds, monotonic
-        time it was answered, rows of its batch) for the two children."""
+        time it was answered, rows of its batch[, a pipeline's (step, seconds) pairs]) for the
+        children: ``queue`` and ``compute``, or a pipeline's ``step <name>`` spans."""
         span = self.span
         if not span.is_recording():
             return
@@ -91,11 +93,15 @@ class RequestSpan:
             span.set_attribute("edgefleet.execution_provider", ",".join(placement.providers))
         if timing is None:
             return
-        queue_s, compute_s, answered, rows = timing
+        queue_s, compute_s, answered, rows = timing[:4]
         from opentelemetry.trace import set_span_in_context
 
         parent = set_span_in_context(span)
         tracer = self._tracing.tracer
+        steps: tuple[tuple[str, float], ...] = timing[4] if len(timing) > 4 else ()
+        if steps:
+            self._steps(parent, steps, answered)
+            return
         compute_from = answered - compute_s
         queue = tracer.start_span(
             "queue", context=parent, start_time=self._wall_ns(compute_from - queue_s)
@@ -108,6 +114,21 @@ class RequestSpan:
             attributes={"edgefleet.batch.rows": rows},
         )
         compute.end(end_time=self._wall_ns(answered))
+
+    def _steps(self, parent: Any, steps: tuple[tuple[str, float], ...], answered: float) -> None:
+        """A pipeline's steps as children, one after the other, the last ending at the answer
+        (its model steps' queue and compute lie within their step's time)."""
+        tracer = self._tracing.tracer
+        at = answered - sum(seconds for _, seconds in steps)
+        for name, seconds in steps:
+            step = tracer.start_span(
+                f"step {name}",
+                context=parent,
+                start_time=self._wall_ns(at),
+                attributes={"edgefleet.pipeline.step": name},
+            )
+            at += seconds
+            step.end(end_time=self._wall_ns(at))
 
     def end(self, attributes: dict[str, Any], error: str | None = None) -> None:
         span = self.span

@@ -117,6 +117,7 @@ async def model_metadata(
 async def predict(request: Request, model_name: str, model_version: str | None = None) -> Response:
     state = _state(request)
     lv = state.service.resolve(model_name, model_version)
+    request_context(request.scope)["placement"] = lv.placement  # the request span's runtime
     body = await read_body(request, state.settings.max_request_bytes)
     inputs, rows = decode_predict(
         body, lv.signature, max_elements=state.settings.max_tensor_elements
@@ -163,6 +164,7 @@ async def _examples(
 ) -> Response:
     state = _state(request)
     lv = state.service.resolve(model_name, model_version)
+    request_context(request.scope)["placement"] = lv.placement
     config = lv.config.tfserving
     if (config.classify_output if method == "classify" else config.regress_output) is None:
         output_for(config, method, {})  # the 400 naming the missing signature, before reading
@@ -205,7 +207,15 @@ async def _answer(
     context["model"], context["version"] = result.model, result.version
     context["queue_ms"] = round(result.queue_s * 1000, 3)
     context["compute_ms"] = round(result.compute_s * 1000, 3)
-    timing = server_timing(result.queue_s, result.compute_s, time.monotonic() - started)
+    answered = time.monotonic()
+    context["timing"] = (
+        result.queue_s,
+        result.compute_s,
+        answered,
+        result.batch_rows,
+        result.steps,
+    )
+    timing = server_timing(result.queue_s, result.compute_s, answered - started)
     return Response(
         encode(result.outputs, result.version),
         headers={"Server-Timing": timing},

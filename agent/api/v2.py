@@ -248,7 +248,13 @@ class InferCall:
         answered = time.monotonic()
         total = answered - self.started
         context["model"], context["version"] = result.model, result.version
-        context["timing"] = (result.queue_s, result.compute_s, answered, result.batch_rows)
+        context["timing"] = (
+            result.queue_s,
+            result.compute_s,
+            answered,
+            result.batch_rows,
+            result.steps,
+        )
         context["queue_ms"] = round(result.queue_s * 1000, 3)
         context["compute_ms"] = round(result.compute_s * 1000, 3)
         timing_value = server_timing(result.queue_s, result.compute_s, total)

@@ -407,7 +407,8 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         finally:
             lease.release()
         if span is not None:
-            timing = (result.queue_s, result.compute_s, time.monotonic(), result.batch_rows)
+            answered = time.monotonic()
+            timing = (result.queue_s, result.compute_s, answered, result.batch_rows, result.steps)
             span.served(result.model, result.version, lv.placement, timing)
         if settings.access_log:
             access.info(

@@ -5,6 +5,7 @@ compute children name the model, its version and runtime."""
 
 from __future__ import annotations
 
+import base64
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from agent.settings import AgentSettings
+from runtimes.examples.classifier import golden_jpeg
 from tests.agent.grpc.conftest import grpc_settings
 from tests.agent.server import copy_models, serve
 from tests.otlp import Receiver, client_span
@@ -67,6 +69,30 @@ def test_a_request_s_trace_crosses_the_wire_with_queue_and_compute(
     (ready,) = found.named("GET /v2/health/ready")
     assert ready.trace_id != app_trace and ready.parent_span_id == ""
     assert untraced.headers["traceparent"].split("-")[1] == ready.trace_id
+
+
+def test_a_pipeline_request_has_a_child_span_per_step_in_order(
+    example_repo: Path, tmp_path: Path, receiver: tuple[Receiver, str]
+) -> None:
+    found, endpoint = receiver
+    repo = copy_models(example_repo, tmp_path / "repo", "classifier")
+    tracing = {"enabled": True, "endpoint": endpoint}
+    image = golden_jpeg()
+    with serve(repo, tracing=tracing) as agent:
+        body = {"instances": [{"b64": base64.b64encode(image).decode()}]}
+        answer = agent.client.post("/v1/models/classifier:predict", json=body)
+        assert answer.status_code == 200, answer.text
+    (server,) = found.named("POST /v1/models/classifier:predict")
+    assert server.attributes["edgefleet.model"] == "classifier"
+    assert server.attributes["edgefleet.runtime"] == "onnxruntime"
+    steps = sorted(found.children(server).values(), key=lambda span: span.start_ns)
+    names = [span.attributes["edgefleet.pipeline.step"] for span in steps]
+    assert names == ["decode", "resize", "normalize", "layout", "cnn", "softmax", "top5"]
+    assert [span.name for span in steps] == [f"step {n}" for n in names]
+    # one after the other, within the request's span
+    assert server.start_ns <= steps[0].start_ns and steps[-1].end_ns <= server.end_ns
+    for before, after in zip(steps, steps[1:], strict=False):
+        assert before.end_ns <= after.start_ns
 
 
 def test_a_sample_ratio_of_zero_exports_nothing_and_still_answers_a_traceparent(
