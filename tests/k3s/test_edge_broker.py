@@ -4,11 +4,12 @@ The rendered mosquitto.conf (its TLS listener for the devices and its cluster li
 the control plane) and the init container's script run as they are, on a real Mosquitto with
 a certificate generated per test, in a temporary directory instead of the pod's volumes; a
 real control plane makes device users in its dynamic security plugin; an agent runs the
-rendered DaemonSet's settings and enrols with a claim token placed where the claim Secret is
+rendered DaemonSet's settings (in this process, and as the image's own command with the
+DaemonSet's whole environment) and enrols with a claim token placed where the claim Secret is
 mounted. What is changed, and only that: the container paths point into the temporary
-directory, the listeners bind 127.0.0.1 on free ports, the agent's ``mqtts://`` URL names
-127.0.0.1 and that port, and its enrol URL is the test control plane's (plain HTTP on
-127.0.0.1: the Ingress's TLS is not run here). No Kubernetes API server runs here.
+directory, the listeners bind free ports (127.0.0.1 for the broker), the agent's ``mqtts://``
+URL names 127.0.0.1 and that port, and its enrol URL is the test control plane's (plain HTTP
+on 127.0.0.1: the Ingress's TLS is not run here). No Kubernetes API server runs here.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
+import stat
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
 from agent.fleet.enrol import identity_path
@@ -33,7 +38,7 @@ from control_plane.provisioning.dynsec_broker import find_plugin, initial_config
 from control_plane.settings.enrolment import EnrolmentSettings
 from tests.agent.server import copy_models, serve, wait_until
 from tests.control_plane.server import RunningControlPlane, control_plane
-from tests.k3s.schema import find, render
+from tests.k3s.schema import ROOT, find, render
 from tests.mqtt_broker import WrittenMosquitto, free_port
 from tests.tls import TestCA
 
@@ -41,6 +46,7 @@ OVERLAY = "overlays/cpu"  # an edge overlay as users apply it; edge/ itself rend
 PLUGIN = "/usr/lib/mosquitto_dynamic_security.so"  # where the eclipse-mosquitto image has it
 CONTROL_PLANE_PASSWORD = "cp-" + uuid.uuid4().hex
 DEVICE = "edge-node-7"
+API_KEY = "key-" + uuid.uuid4().hex
 
 
 def pod_spec(docs: tuple[dict[str, Any], ...], kind: str, name: str) -> dict[str, Any]:
@@ -203,6 +209,77 @@ def test_an_edge_agent_enrols_by_claim_and_joins_over_the_tls_listener(
     assert str(fleet.state_dir).startswith(f"{root}/var/lib/edgefleet/")  # the node's hostPath
     (enrolment,) = cp.admin.get("/api/v1/enrolments").json()
     assert enrolment["device_id"] == DEVICE
+
+
+def agent_command() -> list[str]:
+    """The agent image's ENTRYPOINT (packaging/containers/agent-*.Dockerfile), from this venv."""
+    dockerfile = (ROOT / "packaging/containers/agent-cpu.Dockerfile").read_text()
+    (entrypoint,) = re.findall(r"^ENTRYPOINT (.+)$", dockerfile, re.M)
+    command: list[str] = json.loads(entrypoint)
+    assert command[0] == "edgefleet"
+    return [str(Path(sys.executable).with_name("edgefleet")), *command[1:]]
+
+
+@pytest.mark.slow
+def test_the_rendered_agent_command_enrols_and_serves_apps_on_loopback_and_its_socket(
+    tmp_path: Path,
+    example_repo: Path,
+    edge_broker: EdgeBroker,
+    cluster_control_plane: RunningControlPlane,
+) -> None:
+    """The container's command with the DaemonSet's whole environment: REST and gRPC on their
+    ports (free ones here, not 8000 and 8001) and the gRPC socket on the node's path."""
+    cp = cluster_control_plane
+    root = tmp_path / "node"
+    env = rendered_agent_env(root)
+    resp = cp.admin.post("/api/v1/claims", json={"name": "site", "max_uses": 1})
+    assert resp.status_code == 201, resp.text
+    mounted = {
+        env["EDGEFLEET_AGENT_FLEET__CLAIM_TOKEN_FILE"]: resp.json()["token"] + "\n",
+        env["EDGEFLEET_AGENT_FLEET__TLS_CA_FILE"]: edge_broker.ca.read_text(),
+        env["EDGEFLEET_AGENT_API_KEYS_FILE"]: f"camera:{API_KEY}\n",
+    }
+    for path, content in mounted.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(content)
+    copy_models(example_repo, Path(env["EDGEFLEET_AGENT_MODEL_REPOSITORY"]), "mlp")
+    uds = Path(env["EDGEFLEET_AGENT_GRPC__UDS"])
+    uds.parent.mkdir(parents=True)  # the hostPath, made by the kubelet (DirectoryOrCreate)
+    uds.parent.chmod(0o750)  # as the host-dirs init container leaves it
+    port, grpc_port = free_port(), free_port()
+    env |= {
+        "EDGEFLEET_AGENT_PORT": str(port),
+        "EDGEFLEET_AGENT_GRPC__PORT": str(grpc_port),
+        "EDGEFLEET_AGENT_FLEET__MQTT_URL": f"mqtts://127.0.0.1:{edge_broker.broker.port}",
+        "EDGEFLEET_AGENT_FLEET__ENROL_URL": cp.url,
+        "HOME": str(tmp_path / "home"),
+    }
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("EDGEFLEET_")}
+    log = tmp_path / "agent.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(agent_command(), env=inherited | env, stdout=out, stderr=out)
+    try:
+        wait_until(lambda: online(cp, DEVICE), what="the agent process enrolled and online")
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as rest:
+            wait_until(
+                lambda: rest.get("/v2/models/mlp/ready", headers=headers).status_code == 200,
+                what="mlp ready over REST",
+            )
+            assert rest.get("/v2/models/mlp/ready").status_code == 401  # the keys are on
+        wait_until(uds.is_socket, what="the gRPC socket on the node's path")
+        assert stat.S_IMODE(uds.stat().st_mode) == 0o660  # the group of docs/kubernetes.md
+        grpc = pytest.importorskip("tritonclient.grpc")
+        client = grpc.InferenceServerClient(f"unix:{uds}")
+        try:
+            assert client.is_model_ready("mlp", headers={"authorization": f"Bearer {API_KEY}"})
+        finally:
+            client.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    identity = json.loads(identity_path(Path(env["EDGEFLEET_AGENT_FLEET__STATE_DIR"])).read_text())
+    assert identity["username"] == DEVICE, log.read_text()[-2000:]
 
 
 @pytest.mark.slow
