@@ -358,6 +358,7 @@ def test_edge_overlays_expose_a_tls_broker_the_nodes_reach(overlay: str) -> None
     assert "certfile /mosquitto/tls/tls.crt" in tls_listener
     assert "keyfile /mosquitto/tls/tls.key" in tls_listener
     assert "allow_anonymous false" in tls_listener
+    assert "tls_version tlsv1.2" in tls_listener
     volumes = {v["name"]: v for v in broker["spec"]["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert volumes[mounts["/mosquitto/tls"]]["secret"]["secretName"] == "edgefleet-mosquitto-tls"
