@@ -65,6 +65,18 @@ class EdgeBroker:
     broker: WrittenMosquitto
     ca: Path
     root: Path
+    init_script: str
+
+    def init(self) -> None:
+        """The init container, as a new pod runs it (its emptyDir gone, its PVC kept)."""
+        env = {**os.environ, "CONTROL_PLANE_PASSWORD": CONTROL_PLANE_PASSWORD}
+        subprocess.run(["sh", "-ec", self.init_script], env=env, check=True, timeout=60)
+
+    def recreate_pod(self) -> None:
+        self.broker.stop()
+        (self.root / "mosquitto/auth/passwd").unlink()
+        self.init()
+        self.broker.start()
 
 
 @pytest.fixture
@@ -97,18 +109,19 @@ def edge_broker(tmp_path: Path) -> Iterator[EdgeBroker]:
     # the init container's script, as it is, on the pod's paths under root
     (init,) = spec["initContainers"]
     script = init["command"][2].replace("/mosquitto/", f"{root}/mosquitto/")
-    env = {**os.environ, "CONTROL_PLANE_PASSWORD": CONTROL_PLANE_PASSWORD}
-    subprocess.run(["sh", "-ec", script], env=env, check=True, timeout=60)
-    plugin_file = root / "mosquitto/data/dynamic-security.json"
-    assert json.loads(plugin_file.read_text()) == initial_config()  # no user, nothing allowed
     broker = WrittenMosquitto(
         root / "mosquitto/config/mosquitto.conf",
         port=tls_port,
         control_plane_port=cp_port,
         log_path=tmp_path / "mosquitto.log",
-    ).start()
+    )
+    edge = EdgeBroker(broker, ca.cert_path, root, script)
+    edge.init()
+    plugin_file = root / "mosquitto/data/dynamic-security.json"
+    assert json.loads(plugin_file.read_text()) == initial_config()  # no user, nothing allowed
+    broker.start()
     try:
-        yield EdgeBroker(broker, ca.cert_path, root)
+        yield edge
     finally:
         broker.stop()
 
@@ -209,6 +222,15 @@ def test_an_edge_agent_enrols_by_claim_and_joins_over_the_tls_listener(
     assert str(fleet.state_dir).startswith(f"{root}/var/lib/edgefleet/")  # the node's hostPath
     (enrolment,) = cp.admin.get("/api/v1/enrolments").json()
     assert enrolment["device_id"] == DEVICE
+    # A new broker pod (its init container run again on the same volume) keeps the device's
+    # user, and the device its identity: with the claim revoked, it logs in as before.
+    wait_until(lambda: not online(cp, DEVICE), what="the device offline")
+    (claim,) = cp.admin.get("/api/v1/claims").json()
+    assert cp.admin.post(f"/api/v1/claims/{claim['id']}/revoke").status_code == 200
+    edge_broker.recreate_pod()
+    with serve(repo, fleet=fleet, profile=rendered.profile, runtime=rendered.runtime):
+        wait_until(lambda: online(cp, DEVICE), what="the device online after the broker's restart")
+    assert cp.admin.get("/api/v1/enrolments").json() == [enrolment]
 
 
 def agent_command() -> list[str]:
