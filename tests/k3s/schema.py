@@ -23,6 +23,7 @@ OVERLAYS = [
     "overlays/jetson",
     "overlays/cluster",
     "overlays/replicas",
+    "examples/kubeedge-site",
 ]
 KUBERNETES_VERSION = "1.37.0"  # the newest schemas kubernetes-validate ships
 

@@ -3,8 +3,11 @@ what the manifests say matches the code they deploy (settings names, health rout
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import kubernetes_validate
@@ -17,7 +20,7 @@ from agent.api.v2 import router as v2_router
 from agent.settings import AgentSettings
 from control_plane.settings import ControlPlaneSettings
 from tests.agent.server import copy_models, serve
-from tests.k3s.schema import K3S, KUBERNETES_VERSION, OVERLAYS, ROOT, find, render
+from tests.k3s.schema import K3S, KUBERNETES_VERSION, OVERLAYS, ROOT, find, kubectl, render
 
 CLUSTER_SCOPED = {
     "Namespace",
@@ -315,3 +318,161 @@ def test_cluster_agents_scale_on_their_queue_depth_not_on_cpu(
     with serve(copy_models(example_repo, tmp_path / "repo", "mlp")) as agent:
         body = httpx.get(f"{agent.url}{path}").text
     assert f"{name}{{" in body
+
+
+EDGE_OVERLAYS = [o for o in OVERLAYS if o != "overlays/cluster"]
+
+
+def _required_node_terms(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    terms: list[dict[str, Any]] = spec["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    return terms
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_control_plane_and_the_broker_stay_off_edge_nodes(overlay: str) -> None:
+    docs = render(overlay)
+    for name in ("edgefleet-control-plane", "edgefleet-mosquitto"):
+        spec = find(docs, "Deployment", name)["spec"]["template"]["spec"]
+        (term,) = _required_node_terms(spec)
+        assert term["matchExpressions"] == [
+            {"key": "node-role.kubernetes.io/edge", "operator": "DoesNotExist"}
+        ], name
+        assert "tolerations" not in spec, name  # of the edge taint, or any
+
+
+@pytest.mark.parametrize("overlay", EDGE_OVERLAYS)
+def test_edge_overlays_expose_a_tls_broker_the_nodes_reach(overlay: str) -> None:
+    docs = render(overlay)
+    service = find(docs, "Service", "edgefleet-mosquitto-edge")["spec"]
+    assert service["type"] == "NodePort"  # no EdgeMesh, no cluster DNS needed on the node
+    (port,) = service["ports"]
+    broker = find(docs, "Deployment", "edgefleet-mosquitto")["spec"]["template"]
+    assert service["selector"].items() <= broker["metadata"]["labels"].items()
+    (container,) = broker["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert port["targetPort"] == "mqtts" and ports["mqtts"] == 8883
+    conf = find(docs, "ConfigMap", "edgefleet-mosquitto")["data"]["mosquitto.conf"]
+    tls_listener = conf.split("listener 8883\n")[1].split("\nlistener ")[0]
+    assert "certfile /mosquitto/tls/tls.crt" in tls_listener
+    assert "keyfile /mosquitto/tls/tls.key" in tls_listener
+    assert "allow_anonymous false" in tls_listener
+    assert "tls_version tlsv1.2" in tls_listener
+    volumes = {v["name"]: v for v in broker["spec"]["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert volumes[mounts["/mosquitto/tls"]]["secret"]["secretName"] == "edgefleet-mosquitto-tls"
+    # the policy admits the TLS port from anywhere (node addresses), 1883 from our pods only
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    rules = {r["ports"][0]["port"]: r for r in policy["spec"]["ingress"]}
+    assert "from" not in rules[8883] and rules[1883]["from"]
+    agent = find(docs, "ConfigMap", "edgefleet-agent")["data"]
+    assert agent["EDGEFLEET_AGENT_FLEET__MQTT_URL"].startswith("mqtts://")
+    assert agent["EDGEFLEET_AGENT_FLEET__MQTT_URL"].endswith(f":{port['nodePort']}")
+    # artifacts and enrolment over HTTPS at the Ingress's host
+    ingress = find(docs, "Ingress", "edgefleet-control-plane")["spec"]
+    (rule,) = ingress["rules"]
+    (tls,) = ingress["tls"]
+    assert tls["hosts"] == [rule["host"]] and tls["secretName"] == "edgefleet-control-plane-tls"
+    public = find(docs, "ConfigMap", "edgefleet-control-plane")["data"]["EDGEFLEET_CP_PUBLIC_URL"]
+    assert public == f"https://{rule['host']}" == agent["EDGEFLEET_AGENT_FLEET__ENROL_URL"]
+
+
+@pytest.mark.parametrize("overlay", EDGE_OVERLAYS)
+def test_edge_agents_enrol_by_claim_with_no_shared_broker_user(overlay: str) -> None:
+    docs = render(overlay)
+    spec = agent_workload(overlay)["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    config = find(docs, "ConfigMap", "edgefleet-agent")["data"]
+    env = {e["name"]: e for e in container["env"]}
+    assert "EDGEFLEET_AGENT_FLEET__USERNAME" not in config
+    assert "EDGEFLEET_AGENT_FLEET__PASSWORD" not in env
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    token = Path(config["EDGEFLEET_AGENT_FLEET__CLAIM_TOKEN_FILE"])
+    claim = volumes[mounts[str(token.parent)]]["secret"]
+    assert claim["secretName"] == "edgefleet-claim"
+    assert claim["items"] == [{"key": "token", "path": token.name}]
+    ca = Path(config["EDGEFLEET_AGENT_FLEET__TLS_CA_FILE"])
+    assert volumes[mounts[str(ca.parent)]]["secret"]["secretName"] == "edgefleet-fleet-ca"
+    assert env["SSL_CERT_FILE"]["value"] == str(ca)
+    # the identity enrolment gives (identity.json in state_dir) stays on the node
+    state = next(
+        m for m in container["volumeMounts"] if m["mountPath"] == "/var/lib/edgefleet/state"
+    )
+    assert config["EDGEFLEET_AGENT_FLEET__STATE_DIR"] == state["mountPath"]
+    assert volumes[state["name"]]["hostPath"]["path"] == "/var/lib/edgefleet"
+    # the broker knows no agent user; the control plane makes each device's in the plugin
+    broker = find(docs, "Deployment", "edgefleet-mosquitto")["spec"]["template"]["spec"]
+    assert "agent" not in find(docs, "ConfigMap", "edgefleet-mosquitto")["data"]["acl"].split()
+    assert "AGENT_PASSWORD" not in broker["initContainers"][0]["command"][2]
+    cp = find(docs, "ConfigMap", "edgefleet-control-plane")["data"]
+    assert cp["EDGEFLEET_CP_ENROLMENT__ACCOUNTS"] == "dynsec"
+
+
+@pytest.mark.parametrize("overlay", EDGE_OVERLAYS)
+def test_apps_on_the_edge_host_reach_the_agent_on_loopback_and_a_socket(overlay: str) -> None:
+    spec = agent_workload(overlay)["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert "hostNetwork" not in spec
+    ports = {p["name"]: p for p in container["ports"]}
+    for name, number in (("http", 8000), ("grpc", 8001)):
+        assert ports[name]["hostPort"] == ports[name]["containerPort"] == number
+        assert ports[name]["hostIP"] == "127.0.0.1"  # not the node's other addresses
+    config = find(render(overlay), "ConfigMap", "edgefleet-agent")["data"]
+    assert config["EDGEFLEET_AGENT_GRPC__PORT"] == "8001"
+    uds = Path(config["EDGEFLEET_AGENT_GRPC__UDS"])
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[mounts[str(uds.parent)]]["hostPath"]["path"] == "/run/edgefleet"
+    assert spec["securityContext"]["runAsGroup"] == 10001  # the socket's group, in the docs
+    shm = "host-shm" in volumes
+    assert shm == (overlay == "examples/kubeedge-site")  # opt-in, by components/host-shm
+    if shm:
+        assert volumes[mounts["/dev/shm"]]["hostPath"]["path"] == "/dev/shm"
+
+
+def test_the_cluster_overlay_keeps_the_shared_agent_user_for_agents_in_the_cluster() -> None:
+    docs = render("overlays/cluster")
+    assert "user agent" in find(docs, "ConfigMap", "edgefleet-mosquitto")["data"]["acl"]
+    assert not [d for d in docs if d["metadata"]["name"] == "edgefleet-mosquitto-edge"]
+
+
+def test_the_components_make_the_broker_a_load_balancer_and_issue_certificates(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(K3S / "overlays/cpu", tmp_path)],
+                "components": [
+                    os.path.relpath(K3S / "components" / name, tmp_path)
+                    for name in ("broker-loadbalancer", "cert-manager")
+                ],
+            }
+        )
+    )
+    done = subprocess.run(
+        [kubectl(), "kustomize", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    docs = tuple(d for d in yaml.safe_load_all(done.stdout) if d)
+    service = find(docs, "Service", "edgefleet-mosquitto-edge")
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert "nodePort" not in service["spec"]["ports"][0]
+    kubernetes_validate.validate(service, KUBERNETES_VERSION, strict=True)
+    secrets = {
+        d["spec"]["secretName"]: d["spec"]["dnsNames"] for d in docs if d["kind"] == "Certificate"
+    }
+    ingress = find(docs, "Ingress", "edgefleet-control-plane")["spec"]
+    assert secrets["edgefleet-control-plane-tls"] == ingress["tls"][0]["hosts"]
+    broker = urlsplit(
+        find(docs, "ConfigMap", "edgefleet-agent")["data"]["EDGEFLEET_AGENT_FLEET__MQTT_URL"]
+    )
+    assert secrets["edgefleet-mosquitto-tls"] == [broker.hostname]

@@ -58,7 +58,9 @@ class Client:
 
 @pytest.fixture
 def broker_port(tmp_path: Path) -> Iterator[int]:
-    docs = render("edge")
+    # the cluster overlay's broker: agents in the cluster share its agent user (the edge
+    # overlays' broker, with a user per device, is tests/k3s/test_edge_broker.py's)
+    docs = render("overlays/cluster")
     data = find(docs, "ConfigMap", "edgefleet-mosquitto")["data"]
     spec = find(docs, "Deployment", "edgefleet-mosquitto")["spec"]["template"]["spec"]
     port = free_port()
