@@ -5,6 +5,8 @@ Playwright."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -22,7 +24,14 @@ from tests.control_plane.test_rollouts import push, validate, wait_devices
 from tests.mqtt_broker import Mosquitto, free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
-SHOTS = Path(__file__).resolve().parents[3] / "docs" / "console"
+DOC_SHOTS = Path(__file__).resolve().parents[3] / "docs" / "console"
+SHOTS = (
+    DOC_SHOTS
+    if os.environ.get("EDGEFLEET_UPDATE_SHOTS") == "1"
+    else Path(tempfile.gettempdir()) / f"edgefleet-console-shots-{os.getpid()}"
+)
+"""Where the screenshots go: docs/console/ only when asked (``EDGEFLEET_UPDATE_SHOTS=1``), so a
+test run leaves the checkout as it found it."""
 
 
 @dataclass
