@@ -10,7 +10,8 @@ Attributes follow OpenTelemetry's HTTP and RPC semantic conventions (``http.requ
 ``url.path``, ``http.response.status_code``; ``rpc.system``, ``rpc.service``, ``rpc.method``,
 ``rpc.grpc.status_code``) and add the agent's: ``edgefleet.model``, ``edgefleet.model.version``,
 ``edgefleet.runtime``, ``edgefleet.execution_provider``, ``edgefleet.request_id`` and, on the
-compute child, ``edgefleet.batch.rows`` (the rows of the batch the request ran in). A
+compute child, ``edgefleet.batch.rows`` (the rows of the batch the request ran in); V2 REST
+requests also have ``decode`` and ``encode`` children. A
 pipeline's request has a ``step <name>`` child per step instead (``edgefleet.pipeline.step``).
 NOTE: https://opentelemetry.io/docs/specs/semconv/http/http-spans/
 """
@@ -18,10 +19,27 @@ NOTE: https://opentelemetry.io/docs/specs/semconv/http/http-spans/
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from common.tracing import TracingSettings, tracer_provider
 from runtimes.base import Placement
+
+
+class SpanTiming(NamedTuple):
+    """What a front end measured of an answered request, for its span's children."""
+
+    queue_s: float
+    compute_s: float
+    answered: float
+    """Monotonic time the response was ready (after ``encode_s``)."""
+    rows: int
+    """Rows of the batch the request ran in."""
+    steps: tuple[tuple[str, float], ...] = ()
+    """A pipeline's (step, seconds), in order: its children instead of queue and compute."""
+    decode_s: float = 0.0
+    """Decoding the request's body (0: not measured apart)."""
+    encode_s: float = 0.0
+    """Encoding the response (0: not measured apart)."""
 
 
 class Tracing:
@@ -74,15 +92,10 @@ class RequestSpan:
         return self._ns + int((mono - self._mono) * 1e9)
 
     def served(
-        self,
-        model: str,
-        version: str,
-        placement: Placement | None,
-        timing: tuple[Any, ...] | None,
+        self, model: str, version: str, placement: Placement | None, timing: SpanTiming | None
     ) -> None:
-        """What the request ran on; ``timing``: (queue seconds, compute seconds, monotonic
-        time it was answered, rows of its batch[, a pipeline's (step, seconds) pairs]) for the
-        children: ``queue`` and ``compute``, or a pipeline's ``step <name>`` spans."""
+        """What the request ran on, and its children from ``timing``: ``decode``, ``queue``,
+        ``compute`` and ``encode``, or a pipeline's ``step <name>`` spans."""
         span = self.span
         if not span.is_recording():
             return
@@ -93,27 +106,29 @@ class RequestSpan:
             span.set_attribute("edgefleet.execution_provider", ",".join(placement.providers))
         if timing is None:
             return
-        queue_s, compute_s, answered, rows = timing[:4]
         from opentelemetry.trace import set_span_in_context
 
         parent = set_span_in_context(span)
-        tracer = self._tracing.tracer
-        steps: tuple[tuple[str, float], ...] = timing[4] if len(timing) > 4 else ()
-        if steps:
-            self._steps(parent, steps, answered)
+        if timing.steps:
+            self._steps(parent, timing.steps, timing.answered - timing.encode_s)
             return
-        compute_from = answered - compute_s
-        queue = tracer.start_span(
-            "queue", context=parent, start_time=self._wall_ns(compute_from - queue_s)
-        )
-        queue.end(end_time=self._wall_ns(compute_from))
-        compute = tracer.start_span(
-            "compute",
-            context=parent,
-            start_time=self._wall_ns(compute_from),
-            attributes={"edgefleet.batch.rows": rows},
-        )
-        compute.end(end_time=self._wall_ns(answered))
+        # boundaries, so that each child ends exactly where the next begins
+        computed = timing.answered - timing.encode_s
+        queued = computed - timing.compute_s
+        arrived = queued - timing.queue_s
+        laid = [
+            ("decode", arrived - timing.decode_s, arrived, {}),
+            ("queue", arrived, queued, {}),
+            ("compute", queued, computed, {"edgefleet.batch.rows": timing.rows}),
+            ("encode", computed, timing.answered, {}),
+        ]
+        for name, start, end, attributes in laid:
+            if end <= start and name in ("decode", "encode"):
+                continue  # not measured apart by this front end
+            child = self._tracing.tracer.start_span(
+                name, context=parent, start_time=self._wall_ns(start), attributes=attributes
+            )
+            child.end(end_time=self._wall_ns(end))
 
     def _steps(self, parent: Any, steps: tuple[tuple[str, float], ...], answered: float) -> None:
         """A pipeline's steps as children, one after the other, the last ending at the answer
@@ -127,7 +142,7 @@ class RequestSpan:
                 start_time=self._wall_ns(at),
                 attributes={"edgefleet.pipeline.step": name},
             )
-            at += seconds
+            at += seconds  # the next step starts at this very value: no rounding between
             step.end(end_time=self._wall_ns(at))
 
     def end(self, attributes: dict[str, Any], error: str | None = None) -> None:

@@ -36,6 +36,7 @@ from agent.http.transport import (
 from agent.inference.service import InferRequest
 from agent.inference.versions import VersionState
 from agent.serving.state import ServingState
+from agent.tracing import SpanTiming
 
 router = APIRouter(tags=["TensorFlow Serving"])
 
@@ -208,12 +209,8 @@ async def _answer(
     context["queue_ms"] = round(result.queue_s * 1000, 3)
     context["compute_ms"] = round(result.compute_s * 1000, 3)
     answered = time.monotonic()
-    context["timing"] = (
-        result.queue_s,
-        result.compute_s,
-        answered,
-        result.batch_rows,
-        result.steps,
+    context["timing"] = SpanTiming(
+        result.queue_s, result.compute_s, answered, result.batch_rows, result.steps
     )
     timing = server_timing(result.queue_s, result.compute_s, answered - started)
     return Response(

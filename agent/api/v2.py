@@ -39,6 +39,7 @@ from agent.serving.triton_config import triton_config
 from agent.shm import tensors
 from agent.shm.answers import hold_until_answered
 from agent.shm.regions import Lease
+from agent.tracing import SpanTiming
 from common import __version__
 
 router = APIRouter(tags=["KServe V2"])
@@ -236,6 +237,7 @@ class InferCall:
         """The response to the request, from its result."""
         decoded, context = self.decoded, self.context
         request_id = decoded.id if decoded.id is not None else context["request_id"]
+        encoding = time.monotonic()
         payload, json_length = encode_response(
             result.model,
             result.version,
@@ -248,12 +250,14 @@ class InferCall:
         answered = time.monotonic()
         total = answered - self.started
         context["model"], context["version"] = result.model, result.version
-        context["timing"] = (
+        context["timing"] = SpanTiming(
             result.queue_s,
             result.compute_s,
             answered,
             result.batch_rows,
             result.steps,
+            decode_s=context.get("decode_s", 0.0),
+            encode_s=answered - encoding,
         )
         context["queue_ms"] = round(result.queue_s * 1000, 3)
         context["compute_ms"] = round(result.compute_s * 1000, 3)
@@ -300,6 +304,7 @@ def start_infer(
     registry = state.shared_memory
     lease = None if registry is None else registry.lease()
     try:
+        decoding = time.monotonic()
         decoded = decode_request(
             body,
             int(header) if header is not None else None,
@@ -307,6 +312,7 @@ def start_infer(
             max_elements=state.settings.max_tensor_elements,
             lease=lease,
         )
+        context["decode_s"] = time.monotonic() - decoding
         return _submit(state, lv, decoded, lease, model_name, model_version, context, started)
     except BaseException:
         if lease is not None:

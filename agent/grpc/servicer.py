@@ -32,7 +32,7 @@ from agent.serving.metadata import EXTENSIONS, SERVER_NAME
 from agent.serving.state import ServingState
 from agent.serving.triton_config import triton_config
 from agent.shm.regions import CUDA_UNSUPPORTED, SharedMemoryError, SharedMemoryRegistry
-from agent.tracing import RequestSpan
+from agent.tracing import RequestSpan, SpanTiming
 from common import __version__
 
 log = logging.getLogger("edgefleet.agent.grpc")
@@ -408,7 +408,9 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
             lease.release()
         if span is not None:
             answered = time.monotonic()
-            timing = (result.queue_s, result.compute_s, answered, result.batch_rows, result.steps)
+            timing = SpanTiming(
+                result.queue_s, result.compute_s, answered, result.batch_rows, result.steps
+            )
             span.served(result.model, result.version, lv.placement, timing)
         if settings.access_log:
             access.info(
