@@ -60,7 +60,7 @@ def test_a_request_s_trace_crosses_the_wire_with_queue_and_compute(
         assert set(children) == (
             {"decode", "queue", "compute", "encode"} if server is rest else {"queue", "compute"}
         )
-        queue, compute = children["queue"], children["compute"]
+        compute = children["compute"]
         assert compute.attributes["edgefleet.batch.rows"] == 1
         # within the server span, in order: decode, queue, compute, encode
         laid = [children[n] for n in ("decode", "queue", "compute", "encode") if n in children]
