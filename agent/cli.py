@@ -181,7 +181,17 @@ def _grpc_flags(port: int | None, uds: Path | None, off: bool) -> dict[str, obje
 
 
 def register_agent(group: click.Group) -> None:
-    @group.command()
+    from agent.launcher.cli import register_launcher
+
+    # the launcher is the agent's part too (the .deb's unit runs it); registered here, with
+    # the agent's entry point, so an installed dist-info lists no new entry point
+    register_launcher(group)
+    bundle = subgroup(group, "bundle", BUNDLE_HELP)
+    register_bundle_install(bundle)
+
+    # a group that serves when no subcommand follows: ``edgefleet agent --port 8000`` serves,
+    # ``edgefleet agent install BUNDLE`` is ``edgefleet bundle install BUNDLE``
+    @group.group(invoke_without_command=True)
     @click.option(
         "--model-repository",
         type=click.Path(file_okay=False, path_type=Path),
@@ -211,7 +221,9 @@ def register_agent(group: click.Group) -> None:
         help="TOML settings file (EDGEFLEET_AGENT_* variables and flags override it).",
     )
     @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+    @click.pass_context
     def agent(
+        ctx: click.Context,
         model_repository: Path | None,
         host: str | None,
         port: int | None,
@@ -226,6 +238,8 @@ def register_agent(group: click.Group) -> None:
         """Serve the models of a repository on a local REST endpoint (KServe V2, TF Serving;
         OpenAI-compatible for generative models), and over gRPC with --grpc-port or
         --grpc-uds."""
+        if ctx.invoked_subcommand is not None:
+            return
         from pydantic import ValidationError
 
         from agent.main import run
@@ -253,4 +267,68 @@ def register_agent(group: click.Group) -> None:
         except OSError as exc:
             raise click.ClickException(f"cannot listen: {exc}") from exc
 
-    del agent
+    agent.add_command(bundle.commands["install"])
+
+
+BUNDLE_HELP = "Offline bundles: signed updates carried to a device."
+
+
+def register_bundle_install(bundle: click.Group) -> None:
+    @bundle.command("install")
+    @click.argument("bundle_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+    @click.option(
+        "--config",
+        "config_file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="The agent's TOML settings file: where its fleet state_dir is.",
+    )
+    @click.option(
+        "--state-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="The agent's fleet state directory (default: from the settings).",
+    )
+    @click.option(
+        "--wait-s",
+        type=click.FloatRange(min=0),
+        default=120.0,
+        show_default=True,
+        help="How long to wait for the agent to verify it and commit or roll back.",
+    )
+    def install(
+        bundle_file: Path, config_file: Path | None, state_dir: Path | None, wait_s: float
+    ) -> None:
+        """Hand BUNDLE_FILE to this device's agent, which verifies it as an update from the
+        fleet (trust root, anti-rollback, expiry) and applies it with the same trial and
+        rollback; print what it did. The agent need not be running: it takes the bundle
+        when it starts."""
+        from pydantic import ValidationError
+
+        from agent.bundle_install import hand_in, looks_like_a_bundle, outcome, verdicts
+        from agent.settings import load_settings
+        from common.protocol.errors import ProtocolError
+
+        try:
+            looks_like_a_bundle(bundle_file)
+        except ProtocolError as exc:
+            raise click.ClickException(f"{bundle_file}: {exc.code.value}: {exc.message}") from exc
+
+        if state_dir is None:
+            try:
+                state_dir = load_settings(config_file).fleet.state_dir
+            except (ValidationError, FileNotFoundError, tomllib.TOMLDecodeError) as exc:
+                raise settings_failure(exc, config_file) from exc
+        try:
+            handed = hand_in(bundle_file, state_dir)
+        except OSError as exc:
+            where = exc.filename or state_dir
+            raise click.ClickException(f"{where}: {exc.strerror or exc}") from exc
+        results = verdicts(handed, wait_s)
+        if results is None:
+            click.echo(f"queued as {handed}: the agent takes it when it runs")
+            return
+        ok = True
+        for line, good in outcome(results, state_dir, wait_s):
+            click.echo(line)
+            ok = ok and good
+        if not ok:
+            raise SystemExit(1)

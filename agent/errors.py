@@ -19,6 +19,7 @@ model files, devices) pass through unchanged and are mapped the same way::
     +-- OverloadedError             overloaded           queue full; carries retry_after_s
     +-- DeadlineExceededError       deadline_exceeded    timed out in the queue, never run
     +-- ShuttingDownError           shutting_down        no new work during shutdown
+    +-- StorageError                storage_unavailable  the device's disk refused a write
     +-- LoadError                   load_failed          a load, warm-up or self-test failed
     +-- MemoryBudgetError           memory_budget_exceeded
 """
@@ -95,6 +96,12 @@ class DeadlineExceededError(AgentError):
 
 class ShuttingDownError(AgentError):
     code = "shutting_down"
+
+
+class StorageError(AgentError):
+    """What had to be stored before the answer (posted outcomes) could not be."""
+
+    code = "storage_unavailable"
 
 
 class LoadError(AgentError):

@@ -16,10 +16,14 @@ from starlette.responses import Response
 
 from agent.accelerators import AcceleratorProbe
 from agent.api.app import create_app
+from agent.fleet.diagnostics import BundleSources, log_file, redacted, secret_values
 from agent.http.limits import HttpLimits, default_body_budget_bytes
 from agent.http.protocol import protocol_class
+from agent.inference.capture import CaptureTap
+from agent.inference.capture_spool import CaptureSpool
 from agent.inference.manager import ModelManager
 from agent.inference.payload_log import PayloadLog
+from agent.inference.predictions import PredictionStore
 from agent.inference.service import InferenceService
 from agent.inference.sketches import InputSketchBook
 from agent.inference.versions import RuntimeFactory
@@ -47,7 +51,10 @@ def build_state(
     hardware: HardwareContext | None = None,
     runtime_factory: RuntimeFactory = open_model,
 ) -> ServingState:
-    """Wire the agent. ``runtime_factory`` is the seam tests use to wrap runtimes."""
+    """Wire the agent. ``runtime_factory`` is the seam tests use to wrap runtimes. The
+    state's settings are ``settings`` with the kept config twin over them (:func:`with_twin`):
+    serve with those."""
+    settings = with_twin(settings)
     hardware = hardware or HardwareContext.detect(
         root=settings.hardware_root, profiles_dir=settings.profiles_dir, profile=settings.profile
     )
@@ -72,7 +79,11 @@ def build_state(
         max_rows_per_request=settings.max_rows_per_request,
         sketches=sketches,
         payloads=build_payload_log(settings, metrics),
+        predictions=PredictionStore(settings.ground_truth),
+        capture=build_capture(settings, metrics),
     )
+    if service.capture is not None:
+        manager.shadows.on_disagreement = service.capture_disagreement
     log.info(
         "hardware profile", extra={"profile": hardware.profile.name, "forced": hardware.forced}
     )
@@ -119,6 +130,7 @@ def _fleet_client(
     # imported here: a local-only agent never loads MQTT and signature code
     from agent.fleet.client import FleetClient
     from agent.fleet.stagers import GenerativeStager
+    from agent.fleet.twin import TwinKeeper, running_settings
 
     def first_generative() -> GenerativeModels:
         # the front ends (mounted for a fleet agent) find the models from now on
@@ -133,6 +145,10 @@ def _fleet_client(
         state.metrics,
         sketches=sketches,
         generative=GenerativeStager(state.generative, first_generative),
+        predictions=state.service.predictions,
+        capture=state.service.capture,
+        twin=TwinKeeper(state.settings.fleet.state_dir, running_settings(state.settings)),
+        bundle=BundleSources(redacted(state.settings), agent_secrets(state.settings)),
     )
 
 
@@ -141,6 +157,16 @@ def _model_dirs(repository: Path) -> list[Path]:
         return [p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")]
     except OSError:
         return []
+
+
+def with_twin(settings: AgentSettings) -> AgentSettings:
+    """``settings`` with the config twin the fleet set laid over them (agent/fleet/twin.py)."""
+    if not settings.fleet.enabled:
+        return settings
+    # imported here: a local-only agent never loads the fleet's code
+    from agent.fleet import twin
+
+    return twin.with_twin(settings)
 
 
 def build_payload_log(settings: AgentSettings, metrics: AgentMetrics) -> PayloadLog | None:
@@ -155,6 +181,16 @@ def build_payload_log(settings: AgentSettings, metrics: AgentMetrics) -> Payload
         queue_records=sink.queue_records,
         on_drop=metrics.payload_dropped.inc,
     )
+
+
+def build_capture(settings: AgentSettings, metrics: AgentMetrics) -> CaptureTap | None:
+    """The capture writer and its spool, where there is somewhere to spool to."""
+    path = settings.capture.spool_file
+    if path is None and settings.fleet.enabled:
+        path = settings.fleet.state_dir / "capture.sqlite3"
+    if path is None:
+        return None
+    return CaptureTap(CaptureSpool(path), metrics, queue_samples=settings.capture.queue_samples)
 
 
 def build_tracing(settings: AgentSettings) -> Tracing | None:
@@ -323,8 +359,36 @@ def server_config(settings: AgentSettings, state: ServingState) -> uvicorn.Confi
     )
 
 
+def agent_secrets(settings: AgentSettings) -> tuple[str, ...]:
+    """What no log line nor answer to a log or bundle request may carry: every SecretStr
+    setting, and the keys in the claim token and API keys files."""
+    found = secret_values(settings)
+    for path in (settings.fleet.claim_token_file, settings.api_keys_file):
+        try:
+            lines = path.read_text().splitlines() if path is not None else []
+        except (OSError, UnicodeDecodeError):
+            continue
+        for line in (x.strip() for x in lines):
+            if line and not line.startswith("#"):
+                found.append(line.partition(":")[2].strip() or line)
+    return tuple(found)
+
+
+def configure_agent_logging(settings: AgentSettings) -> None:
+    """JSON lines on stderr and, with a fleet, in ``state_dir/logs`` (a remote log request
+    reads them); no line carries a secret of ``settings``."""
+    fleet = settings.fleet
+    configure_logging(
+        settings.log_level,
+        file=log_file(fleet.state_dir) if fleet.enabled else None,
+        file_max_bytes=fleet.log_file_max_bytes,
+        secrets=agent_secrets(settings),
+    )
+
+
 def run(settings: AgentSettings) -> None:
-    configure_logging(settings.log_level)
+    settings = with_twin(settings)  # before the logging is set up (build_state does it too)
+    configure_agent_logging(settings)
     if settings.grpc.enabled:
         # read by gRPC core when grpcio loads, in server_config: set before
         from agent.grpc.core_environment import core_environment

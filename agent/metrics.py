@@ -223,6 +223,25 @@ class AgentMetrics:
             "Payload log records dropped: a full queue or a failing sink",
             registry=r,
         )
+        # prometheus_client's locked counters: the capture writer thread changes these
+        self.capture_samples = Counter(
+            "edgefleet_capture_samples",
+            "Samples captured into the spool, by model and trigger",
+            ["model", "trigger"],
+            registry=r,
+        )
+        self.capture_dropped = Counter(
+            "edgefleet_capture_dropped",
+            "Samples the capture policy chose and did not keep, by model and reason",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.capture_uploaded = Counter(
+            "edgefleet_capture_uploaded",
+            "Captured samples the control plane acknowledged, by model",
+            ["model"],
+            registry=r,
+        )
         self._hourly_cost = hourly_cost
         self._accelerators = accelerators
         self._started = time.monotonic()

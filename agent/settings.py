@@ -24,6 +24,7 @@ from pydantic_settings import (
 
 from agent.fleet.settings import FleetSettings
 from agent.generative.settings import GenerativeSettings
+from agent.inference.predictions import GroundTruthSettings
 from agent.pipelines.settings import PipelineSettings
 from agent.shm.settings import SharedMemorySettings
 from common.settings import settings_from
@@ -99,6 +100,19 @@ class PayloadLogSettings(BaseModel):
     queue_records: int = Field(default=1024, gt=0)
     """Records waiting to be written; beyond this they are dropped (and counted), so a slow
     sink never slows a request."""
+
+
+class CaptureSettings(BaseModel):
+    """Where the samples of models with ``[capture] enabled`` are spooled (``[capture]``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    spool_file: Path | None = None
+    """The spool (SQLite); None: ``capture.sqlite3`` in the fleet's ``state_dir``, and no
+    capture for a local-only agent."""
+    queue_samples: int = Field(default=256, gt=0)
+    """Samples waiting to be written; beyond this they are dropped (counted as
+    ``queue_full``), so capture never slows a request."""
 
 
 class AgentSettings(BaseSettings):
@@ -211,6 +225,11 @@ class AgentSettings(BaseSettings):
     """OpenTelemetry traces of requests over OTLP (off by default)."""
     payload_log: PayloadLogSettings = PayloadLogSettings()
     """Where the payload records of models with ``[payload_log] enabled`` go."""
+    capture: CaptureSettings = CaptureSettings()
+    """Where captured samples wait for upload (docs/model-quality.md, "Data capture")."""
+    ground_truth: GroundTruthSettings = GroundTruthSettings()
+    """How many predictions of models with ``[ground_truth]`` are kept, and how long, for the
+    outcomes apps post later (``POST /v2/models/{model}/feedback``)."""
 
     @model_validator(mode="after")
     def _exposed_needs_a_key(self) -> AgentSettings:

@@ -53,8 +53,8 @@ def root(invoked: str | None = None) -> click.Group:
     sole = [ep for ep in parts if ep.name == invoked]
     if sole and _register(cli, sole[0]):
         command = cli.commands.get(sole[0].name)
-        if command is not None and not isinstance(command, click.Group):
-            return cli  # a group (``models``) is shared: every part adds to it
+        if command is not None and not isinstance(command, SharedGroup):
+            return cli  # a shared group (``models``): every part adds to it
         cli.commands.clear()
     for ep in parts:
         _register(cli, ep)
@@ -70,12 +70,16 @@ def _register(cli: click.Group, ep: EntryPoint) -> bool:
     return True
 
 
+class SharedGroup(click.Group):
+    """A group more than one part adds commands to (``models``, ``bundle``)."""
+
+
 def subgroup(root: click.Group, name: str, help_text: str) -> click.Group:
     """The group ``name`` under ``root``, made on first use: both sides add to ``models``."""
     existing = root.commands.get(name)
     if isinstance(existing, click.Group):
         return existing
-    group = click.Group(name, help=help_text)
+    group = SharedGroup(name, help=help_text)
     root.add_command(group)
     return group
 

@@ -29,6 +29,7 @@ batching. Names carry their units, as Triton's and pytriton's do::
 
 from __future__ import annotations
 
+import re
 import tomllib
 from enum import StrEnum
 from pathlib import Path
@@ -36,6 +37,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from common.pipeline_config import PipelineConfig
+from common.protocol.capture import MAX_SAMPLE_BYTES
+from common.protocol.ground_truth import GroundTruthTask
 from runtimes.errors import validation_message
 from runtimes.hardware.select import Pin
 
@@ -46,6 +49,9 @@ class ModelConfigError(ValueError):
     """A model's config.toml is unreadable or invalid; the message names file and field."""
 
     code = "model_config_invalid"
+
+
+_LABEL = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 
 
 class _Strict(BaseModel):
@@ -169,6 +175,68 @@ class TfServingConfig(_Strict):
     named by their index."""
     regress_output: str | None = None
     """The output holding one value per example: ``:regress`` answers it."""
+    version_labels: dict[str, int] = Field(default_factory=dict)
+    """TF Serving's version labels, ``label = version``: ``/v1/models/M/labels/L`` (status,
+    metadata, ``:predict``, ``:classify``, ``:regress``) answers with that version. A label of
+    a version not served here answers 404, as TF Serving's unavailable version does."""
+
+    @model_validator(mode="after")
+    def _label_names(self) -> TfServingConfig:
+        for label, version in self.version_labels.items():
+            if not _LABEL.fullmatch(label):
+                raise ValueError(
+                    f"version label {label!r}: letters, digits, '.', '_' and '-', "
+                    "starting with a letter, at most 64"
+                )
+            if version < 1:
+                raise ValueError(f"version label {label!r}: version {version} is not >= 1")
+        return self
+
+
+class GroundTruthConfig(_Strict):
+    """Keep this model's predictions so apps can post their true outcomes later
+    (docs/model-quality.md, "Ground truth and live accuracy"). Off unless ``task`` is set."""
+
+    task: GroundTruthTask | None = None
+    """classification: the top-1 class of each row is kept; regression: its first value."""
+    output: str | None = None
+    """The output judged; the model's first output when unset."""
+
+
+class CaptureConfig(_Strict):
+    """Keep sampled requests and answers for retraining (docs/model-quality.md, "Data
+    capture"). Off unless ``enabled``."""
+
+    enabled: bool = False
+    sample_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Fraction of answered requests captured whatever their outputs."""
+    low_confidence_below: float | None = Field(default=None, gt=0.0, le=1.0)
+    """Capture the rows whose top-1 probability (of the first ``[N, classes]`` output,
+    softmaxed where it does not hold probabilities) is below this; None: no such trigger."""
+    shadow_disagreement: bool = False
+    """Capture the requests whose shadow candidate's top-1 disagreed with the served one."""
+    max_sample_bytes: int = Field(default=64 * 1024, ge=1, le=MAX_SAMPLE_BYTES)
+    """A sample larger than this (its tensors, compressed) is dropped and counted."""
+    max_samples_per_minute: int = Field(default=60, ge=1, le=100_000)
+    """Samples kept per minute at most; more are dropped and counted."""
+    max_disk_bytes: int = Field(default=64 * 2**20, ge=1024)
+    """The model's spool on the device; past it the oldest samples go first (counted)."""
+    retention_days: float = Field(default=7.0, gt=0.0)
+    """Samples not uploaded within this are deleted (counted as expired)."""
+
+    @model_validator(mode="after")
+    def _captures_something(self) -> CaptureConfig:
+        nothing = (
+            not self.sample_rate
+            and self.low_confidence_below is None
+            and not self.shadow_disagreement
+        )
+        if self.enabled and nothing:
+            raise ValueError(
+                "sample_rate: 0 with no low_confidence_below or shadow_disagreement "
+                "captures nothing"
+            )
+        return self
 
 
 class ModelConfig(_Strict):
@@ -194,6 +262,10 @@ class ModelConfig(_Strict):
     """A sampled log of this model's request and response tensors (off by default)."""
     tfserving: TfServingConfig = TfServingConfig()
     """The outputs TF Serving's ``:classify`` and ``:regress`` read."""
+    ground_truth: GroundTruthConfig = GroundTruthConfig()
+    """Keep predictions for outcomes posted later (off by default)."""
+    capture: CaptureConfig = CaptureConfig()
+    """Sampled request and response tensors kept for retraining (off by default)."""
 
 
 def parse_model_config(text: str, source: str) -> ModelConfig:

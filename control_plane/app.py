@@ -19,7 +19,21 @@ from sqlalchemy.exc import DBAPIError
 from starlette.responses import Response
 
 from common import __version__
-from control_plane.api import admin, deployments, drift, enrolment, fleet, models
+from control_plane.api import (
+    accuracy,
+    admin,
+    agent_releases,
+    bundles,
+    costs,
+    deployments,
+    diagnostics,
+    drift,
+    enrolment,
+    fleet,
+    models,
+    samples,
+    twins,
+)
 from control_plane.api.deps import Services, handle_error, json_response
 from control_plane.console.web import mount as mount_console
 from control_plane.errors import ControlPlaneError
@@ -63,6 +77,9 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
             asyncio.create_task(svc.bus.run(), name="mqtt"),
             asyncio.create_task(svc.ingestor.run(), name="ingest"),
             asyncio.create_task(app.state.drift.run(), name="drift"),
+            asyncio.create_task(app.state.diagnostics.run(), name="diagnostics"),
+            asyncio.create_task(app.state.rates.run(), name="cost-rates"),
+            asyncio.create_task(app.state.concept_drift.run(), name="concept-drift"),
             # the loops that must not run twice: on the replica that leads, while it leads
             asyncio.create_task(
                 svc.engine.leadership.run(
@@ -100,11 +117,18 @@ def create_app(svc: Services, trust: TrustManager) -> FastAPI:
     app.state.trust = trust
     app.include_router(models.router)
     app.include_router(models.artifacts)
+    app.include_router(agent_releases.router)
     app.include_router(fleet.router)
     app.include_router(admin.router)
+    app.include_router(samples.router)
+    app.include_router(bundles.router)
+    costs.attach(app, svc)
     enrolment.attach(app, svc)
     deployments.attach(app, svc)
     drift.attach(app, svc)
+    diagnostics.attach(app, svc)
+    accuracy.attach(app, svc)
+    twins.attach(app, svc)
     app.add_exception_handler(ControlPlaneError, handle_error)
     app.add_exception_handler(RequestValidationError, handle_error)
     app.add_exception_handler(DBAPIError, handle_error)  # 503 while the database is away

@@ -3,6 +3,8 @@
 ControlPlaneError        code
 +-- NotFound             not_found
 +-- Invalid              invalid_request      names the field
+|   +-- Unprocessable    unprocessable        well formed, but not what it must be (a file
+|                                             that is no release tree)
 +-- Conflict             conflict             a version that exists, an unvalidated rollout
 |   +-- Busy             busy                 another rollout of the model is still active there
 +-- TooLarge             payload_too_large    over max_json_body_bytes or max_upload_bytes
@@ -27,6 +29,10 @@ class NotFound(ControlPlaneError):
 
 class Invalid(ControlPlaneError):
     code = "invalid_request"
+
+
+class Unprocessable(Invalid):
+    code = "unprocessable"
 
 
 class Conflict(ControlPlaneError):

@@ -67,6 +67,10 @@ class VersionSums:
     cost_weighted: float = 0.0
     """Sum of cost per 1k tokens x tokens, over the windows that carried a cost."""
     cost_tokens: int = 0
+    busy_s: float = 0.0
+    """Device time the version's batches took (telemetry's ``busy_s``)."""
+    cost: float = 0.0
+    """That time charged at each device's rate (:class:`control_plane.quality.cost.RateBook`)."""
 
 
 class FleetMetrics:
@@ -91,6 +95,18 @@ class FleetMetrics:
         self.rows = Counter(
             "edgefleet_fleet_rows",
             "Rows inferred, reported by devices",
+            ["model", "version"],
+            registry=r,
+        )
+        self.busy = Counter(
+            "edgefleet_fleet_busy_seconds",
+            "Device time the version's batches took, reported by devices (their share)",
+            ["model", "version"],
+            registry=r,
+        )
+        self.cost = Counter(
+            "edgefleet_fleet_cost",
+            "That device time charged at each device's hourly cost rate (edgefleet costs)",
             ["model", "version"],
             registry=r,
         )
@@ -179,6 +195,19 @@ class FleetMetrics:
             ["model", "version"],
             registry=r,
         )
+        self.live_accuracy = Gauge(
+            "edgefleet_live_accuracy",
+            "Share of a version's predictions that the outcomes apps posted found right, over"
+            " the fleet's recent outcomes (ground_truth.window_s)",
+            ["model", "version"],
+            registry=r,
+        )
+        self.concept_drift_alerts = Counter(
+            "edgefleet_concept_drift_alerts",
+            "Times a version's live accuracy fell past the threshold below its reference's",
+            ["model", "version"],
+            registry=r,
+        )
         self._silence = silence or _StatusOnly()
         self.listening_since: datetime | None = None
         """When the control plane's broker session began (set by the bus; None: not
@@ -227,6 +256,10 @@ class FleetMetrics:
             self.requests.labels(*key).inc(sums.requests)
             self.errors.labels(*key).inc(sums.errors)
             self.rows.labels(*key).inc(sums.rows)
+            if sums.busy_s:
+                self.busy.labels(*key).inc(sums.busy_s)
+            if sums.cost:
+                self.cost.labels(*key).inc(sums.cost)
             if sums.prompt_tokens or sums.generated_tokens:
                 self.prompt_tokens.labels(*key).inc(sums.prompt_tokens)
                 self.generated_tokens.labels(*key).inc(sums.generated_tokens)

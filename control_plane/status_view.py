@@ -58,7 +58,26 @@ def gate_words(doc: dict[str, Any]) -> str | None:
             f"input drift PSI {drift['psi']:.3f} on {drift['feature']} at {drift['device_id']} "
             f"(limit {drift['max_drift']:g})"
         )
+    if accuracy := report.get("accuracy"):
+        parts.append(accuracy_words(accuracy))
     return "gates: " + ", ".join(parts)
+
+
+def accuracy_words(report: dict[str, Any]) -> str:
+    """The ``max_accuracy_drop`` gate's report (:mod:`control_plane.rollouts.accuracy_gate`)."""
+    new, base = report.get("new"), report.get("baseline")
+    if not report["judged"] or new is None or base is None:
+        return f"live accuracy not judged ({report.get('note', '')})"
+    if "accuracy" in new:
+        return (
+            f"live accuracy {new['accuracy']:.3f} vs v{report['baseline_version']}'s "
+            f"{base['accuracy']:.3f} (max drop {report['max_accuracy_drop']:g}) over "
+            f"{new['outcomes']} and {base['outcomes']} outcomes"
+        )
+    return (
+        f"live mean absolute error {new['mean_abs_error']:.4g} vs "
+        f"v{report['baseline_version']}'s {base['mean_abs_error']:.4g}"
+    )
 
 
 def shadow_words(state: dict[str, Any], spec: dict[str, Any]) -> str:
@@ -79,9 +98,16 @@ def shadow_words(state: dict[str, Any], spec: dict[str, Any]) -> str:
     return words
 
 
+def subject_words(doc: dict[str, Any]) -> str:
+    """What a rollout ships: ``model vN``, or ``agent release X``."""
+    if doc.get("agent_version"):
+        return f"agent release {doc['agent_version']}"
+    return f"{doc['model']} v{doc['version']}"
+
+
 def status_lines(doc: dict[str, Any], now: datetime | None = None) -> list[str]:
     now = now or datetime.now(UTC)
-    head = f"rollout {doc['id']}: {doc['model']} v{doc['version']} {doc['state']}"
+    head = f"rollout {doc['id']}: {subject_words(doc)} {doc['state']}"
     lines = [head + (f" ({doc['reason']})" if doc["reason"] else "")]
     if doc.get("cancelled"):
         lines.append(f"  {doc['cancelled']['summary']}")

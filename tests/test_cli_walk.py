@@ -40,14 +40,25 @@ from tests.control_plane.server import RunningControlPlane, control_plane
 from tests.mqtt_broker import Mosquitto, free_port
 
 EXE = Path(sys.executable).parent / "edgefleet"
-SERVERS = {("agent",), ("control-plane",), ("demo",)}
+SERVERS = {("agent",), ("control-plane",), ("demo",), ("launcher", "run")}
 """They serve until stopped: walked as processes, with arguments that must stop them first."""
 CONNECTION = {"url", "cp_config", "token", "token_file"}
 PAIRS = {"selector", "label", "labels"}
-UNKNOWN = {"name": "no-such-model", "model": "no-such-model", "device_id": "no-such-device"}
+UNKNOWN = {
+    "name": "no-such-model",
+    "model": "no-such-model",
+    "device_id": "no-such-device",
+    "from_uri": "models:/no-such-model@champion",  # models sync: an MLflow model to follow
+}
 UNKNOWN_IDS = {"rollout_id", "device_id", "key_id"}
 """A command taking one of these is given an unknown one: the control plane says 404."""
 NAMES_UNKNOWN_MODEL = {("models", "validate"), ("models", "stage"), ("rollouts", "create")}
+WALKED_WITH = {
+    ("rollouts", "create"): {"model": UNKNOWN["model"], "version": "1"},
+    ("bundle", "create"): {"models": f"{UNKNOWN['model']}:1"},
+}
+"""Options not required (a rollout is of a model or of an agent release) that the walk gives,
+so that what is walked is reached."""
 WRONG_TOKEN = "efp_wrong_0000000000000000"
 SAFE_DEFAULTS = {"--bind": "127.0.0.1", "--owner": getpass.getuser()}
 """Given to the commands that have them, so that what is walked is reached: a broker that
@@ -143,10 +154,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 @pytest.fixture
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty current directory, and none of the developer's EDGEFLEET_* variables."""
+    """An empty current directory, and none of the developer's EDGEFLEET_* variables (nor
+    MLFLOW_*: ``models sync`` would resolve its source against that registry)."""
     monkeypatch.chdir(tmp_path)
     for name in list(os.environ):
-        if name.startswith("EDGEFLEET_"):
+        if name.startswith(("EDGEFLEET_", "MLFLOW_")):
             monkeypatch.delenv(name)
     return tmp_path
 
@@ -176,6 +188,7 @@ def cases_for(path: tuple[str, ...], command: click.Command, inputs: Inputs, st:
     params = [p for p in command.params if p.name not in CONNECTION and p.name != "help"]
     connected = any(p.name == "url" for p in command.params)
     base = {str(p.name): filler(p, inputs) for p in params if p.required}
+    base |= WALKED_WITH.get(path, {})
     if "variants" in base:  # a push creates its model: another than the one that stays unknown
         base["name"] = f"walked-{uuid.uuid4().hex[:8]}"
 
@@ -288,6 +301,9 @@ def run_in_process(cli: click.Group, case: Case) -> None:
 
 def run_installed(case: Case, cwd: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEFLEET_")} | case.env
+    # this checkout's code behind the installed script (an editable install may point at
+    # another checkout of the project)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
     done = subprocess.run(
         [str(EXE), *case.args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60
     )

@@ -114,6 +114,8 @@ def _problem(cli: click.Group, words: tuple[str, ...]) -> str | None:
         command, path = sub, [*path, word]
     known = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)} | {"--help"}
     for word in args:
+        if word == "--":
+            break  # what follows is another command's line (``launcher run -- agent ...``)
         if word.startswith("--"):
             option = word.split("=", 1)[0]
             if option not in known:

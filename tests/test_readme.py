@@ -39,6 +39,9 @@ def test_the_demo_command_runs_its_story(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = run.stdout.splitlines()
+    # local self-tests first: the classifier's JPEG end to end, tiny-lm's prompt through an
+    # empty KV cache (tests/agent/test_cli.py ran the demo a second time for this once)
+    assert run.stdout.count("self-test passed") == 7, run.stdout
     assert "edge-x86: v2 on onnxruntime_onnx" in run.stdout
     assert "edge-pi: v2 on litert_tflite" in run.stdout
     assert "PASS variant 0 (genai) decodes on onnxruntime: 3 reference prompts" in run.stdout

@@ -12,7 +12,7 @@ from fastapi import APIRouter, FastAPI
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from agent.api import repository, sharedmemory, tfserving, v2
+from agent.api import config, feedback, repository, sharedmemory, tfserving, v2
 from agent.api.admission import Admission
 from agent.api.context import RequestContext
 from agent.api.errors import handle_error
@@ -75,6 +75,9 @@ def create_app(
                 await asyncio.to_thread(state.tracing.shutdown)
             if state.service.payloads is not None:  # the records still queued
                 await asyncio.to_thread(state.service.payloads.close)
+            if state.service.capture is not None:  # the samples still queued, then the spool
+                await asyncio.to_thread(state.service.capture.close)
+                state.service.capture.spool.close()
 
     app = FastAPI(
         title="edgefleet agent",
@@ -87,6 +90,8 @@ def create_app(
     app.include_router(tfserving.router)
     app.include_router(repository.router)
     app.include_router(sharedmemory.router)
+    app.include_router(feedback.router)
+    app.include_router(config.router)
     # Handlers for the domain errors answer and carry on; a handler for Exception itself
     # runs in Starlette's ServerErrorMiddleware, which re-raises and drops the connection.
     for cls in DOMAIN_ERRORS:

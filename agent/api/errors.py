@@ -42,6 +42,7 @@ STATUS: tuple[tuple[type[Exception], int], ...] = (
     (agent_errors.RateLimitedError, 429),
     (agent_errors.OverloadedError, 503),
     (agent_errors.ShuttingDownError, 503),
+    (agent_errors.StorageError, 503),
     (agent_errors.ModelNotReadyError, 503),
     (agent_errors.DeadlineExceededError, 504),
     (agent_errors.MemoryBudgetError, 409),

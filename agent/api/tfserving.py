@@ -60,10 +60,15 @@ def _state(request: Request) -> ServingState:
     summary="Status of every version of a model (a generative model: OpenAI's model object)",
 )
 @router.get("/v1/models/{model_name}/versions/{model_version}", summary="Status of one version")
+@router.get("/v1/models/{model_name}/labels/{version_label}", summary="Status of a labelled one")
 async def model_status(
-    request: Request, model_name: str, model_version: str | None = None
+    request: Request,
+    model_name: str,
+    model_version: str | None = None,
+    version_label: str | None = None,
 ) -> Response:
     state = _state(request)
+    model_version = _labelled(state, model_name, model_version, version_label)
     if model_version is None and state.generative is not None:
         # NOTE: TF Serving's model status and OpenAI's "retrieve model" share this path; a
         # generative model answers as OpenAI's model object
@@ -86,11 +91,39 @@ async def model_status(
 @router.get(
     "/v1/models/{model_name}/versions/{model_version}/metadata", summary="Signature of one version"
 )
+@router.get(
+    "/v1/models/{model_name}/labels/{version_label}/metadata",
+    summary="Signature of a labelled version",
+)
 async def model_metadata(
-    request: Request, model_name: str, model_version: str | None = None
+    request: Request,
+    model_name: str,
+    model_version: str | None = None,
+    version_label: str | None = None,
 ) -> Response:
-    lv = _state(request).service.resolve(model_name, model_version)
+    state = _state(request)
+    model_version = _labelled(state, model_name, model_version, version_label)
+    lv = state.service.resolve(model_name, model_version)
     return json_response(metadata_document(lv.model, str(lv.version), lv.signature))
+
+
+def _labelled(
+    state: ServingState, model: str, version: str | None, label: str | None
+) -> str | None:
+    """The version ``label`` names in the model's ``[tfserving] version_labels`` (as the newest
+    served version's config has them), else ``version``."""
+    if label is None:
+        return version
+    entry = state.manager.models.get(model)
+    served = entry.default_version if entry is not None else None
+    if served is None:
+        raise ModelNotFoundError(f"Servable not found for request: Latest({model})")
+    number = served.config.tfserving.version_labels.get(label)
+    if number is None:
+        raise ModelNotFoundError(
+            f"Unrecognized servable version label: {label}", field="version_label"
+        )
+    return str(number)
 
 
 # Explicit operation ids: FastAPI derives them from the path with ':' and '/' both made '_',
@@ -108,6 +141,12 @@ async def model_metadata(
     operation_id="tfserving_predict_version",
 )
 @router.post(
+    "/v1/models/{model_name}/labels/{version_label}:predict",
+    summary="Predict on a labelled version",
+    openapi_extra=TF_INFER,
+    operation_id="tfserving_predict_label",
+)
+@router.post(
     "/v1/models/{model_name}/predict", summary="Predict (alias of :predict)", openapi_extra=TF_INFER
 )
 @router.post(
@@ -115,8 +154,14 @@ async def model_metadata(
     summary="Predict on a version (alias)",
     openapi_extra=TF_INFER,
 )
-async def predict(request: Request, model_name: str, model_version: str | None = None) -> Response:
+async def predict(
+    request: Request,
+    model_name: str,
+    model_version: str | None = None,
+    version_label: str | None = None,
+) -> Response:
     state = _state(request)
+    model_version = _labelled(state, model_name, model_version, version_label)
     lv = state.service.resolve(model_name, model_version)
     request_context(request.scope)["placement"] = lv.placement  # the request span's runtime
     body = await read_body(request, state.settings.max_request_bytes)
@@ -140,8 +185,20 @@ async def predict(request: Request, model_name: str, model_version: str | None =
     operation_id="tfserving_classify_version",
     openapi_extra=TF_EXAMPLES,
 )
-async def classify(request: Request, model_name: str, model_version: str | None = None) -> Response:
-    return await _examples(request, "classify", model_name, model_version)
+@router.post(
+    "/v1/models/{model_name}/labels/{version_label}:classify",
+    summary="Classify examples on a labelled version",
+    operation_id="tfserving_classify_label",
+    openapi_extra=TF_EXAMPLES,
+)
+async def classify(
+    request: Request,
+    model_name: str,
+    model_version: str | None = None,
+    version_label: str | None = None,
+) -> Response:
+    version = _labelled(_state(request), model_name, model_version, version_label)
+    return await _examples(request, "classify", model_name, version)
 
 
 @router.post(
@@ -156,8 +213,20 @@ async def classify(request: Request, model_name: str, model_version: str | None 
     operation_id="tfserving_regress_version",
     openapi_extra=TF_EXAMPLES,
 )
-async def regress(request: Request, model_name: str, model_version: str | None = None) -> Response:
-    return await _examples(request, "regress", model_name, model_version)
+@router.post(
+    "/v1/models/{model_name}/labels/{version_label}:regress",
+    summary="Regress examples on a labelled version",
+    operation_id="tfserving_regress_label",
+    openapi_extra=TF_EXAMPLES,
+)
+async def regress(
+    request: Request,
+    model_name: str,
+    model_version: str | None = None,
+    version_label: str | None = None,
+) -> Response:
+    version = _labelled(_state(request), model_name, model_version, version_label)
+    return await _examples(request, "regress", model_name, version)
 
 
 async def _examples(

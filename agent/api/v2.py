@@ -354,6 +354,7 @@ def _submit(
         [o.name for o in decoded.outputs] if decoded.outputs is not None else None,
         priority,
         timeout,
+        decoded.id if decoded.id is not None else context.get("request_id"),
     )
     # resolved above, in this turn of the event loop: no swap came in between
     answer = state.service.submit(infer_request, lv)

@@ -35,6 +35,9 @@ class FleetSettings(BaseModel):
     mqtt_protocol: Literal["5", "3.1.1"] = "5"
     max_message_bytes: int = Field(default=2**20, gt=0)
     """Larger MQTT messages (desired state, command, trust root) are refused unread."""
+    bundle_poll_s: float = Field(default=1.0, gt=0)
+    """How often the agent looks in ``state_dir/bundles`` for an offline bundle handed in by
+    ``edgefleet bundle install`` (and at start)."""
     keepalive_s: int = Field(default=30, ge=5)
     will_delay_s: int = Field(default=0, ge=0, le=24 * 3600)
     """MQTT 5: the broker publishes the device's last will (offline) only if it has not
@@ -46,6 +49,9 @@ class FleetSettings(BaseModel):
     """Trust root, applied sequences and the offline outbox live here."""
     trust_root_file: Path | None = None
     """The provisioned trust root (JSON), read when state_dir holds none yet."""
+    launcher_journal_file: Path | None = None
+    """The journal of the launcher this agent runs under (``edgefleet launcher run`` sets it):
+    its release, crash loop and last trial go into the birth message. None: no launcher."""
     telemetry_interval_s: float = Field(default=10.0, gt=0)
     input_sketches: InputSketchSettings = Field(default_factory=InputSketchSettings)
     """Sketches of served inputs in each telemetry window, for drift (docs/model-quality.md)."""
@@ -60,6 +66,9 @@ class FleetSettings(BaseModel):
     though past the control plane's ``telemetry_ack_interval_s`` (2 s): what a dying replica
     took and did not store comes again within seconds of another taking over."""
     telemetry_resend_max_s: float = Field(default=900.0, gt=0)
+    log_file_max_bytes: int = Field(default=2**20, ge=4096)
+    """The agent's log lines are also kept in ``state_dir/logs/agent.jsonl``, rotated at this
+    size with 3 older files (4x this on disk at most), to answer a remote log request."""
     max_artifact_bytes: int = Field(default=2 * 2**30, gt=0)
     download_attempts: int = Field(default=5, ge=1)
     download_timeout_s: float = Field(default=30.0, gt=0)

@@ -38,11 +38,15 @@ class _Snapshot:
     errors: int = 0
     rows: int = 0
     batches: int = 0
+    busy_s: float = 0.0
 
     @classmethod
-    def of(cls, s: VersionStats) -> _Snapshot:
+    def of(cls, s: VersionStats, instances: int) -> _Snapshot:
+        """``s`` read now; busy time as the device's share: over the version's instances, each
+        holding that share of its CPUs (or of its accelerator)."""
         requests = s.success.count + s.fail.count
-        return cls(requests, s.model_errors(), s.inference_count, s.execution_count)
+        busy_s = s.busy_ns / 1e9 / max(1, instances)
+        return cls(requests, s.model_errors(), s.inference_count, s.execution_count, busy_s)
 
     def __sub__(self, other: _Snapshot) -> _Snapshot:
         return _Snapshot(
@@ -50,6 +54,7 @@ class _Snapshot:
             self.errors - other.errors,
             self.rows - other.rows,
             self.batches - other.batches,
+            self.busy_s - other.busy_s,
         )
 
     def __add__(self, other: _Snapshot) -> _Snapshot:
@@ -58,6 +63,7 @@ class _Snapshot:
             self.errors + other.errors,
             self.rows + other.rows,
             self.batches + other.batches,
+            self.busy_s + other.busy_s,
         )
 
 
@@ -85,6 +91,7 @@ class _Window:
             p99_ms=pct[2] * 1000 if pct else None,
             mean_batch_size=c.rows / c.batches if c.batches else None,
             queue_depth=self.queue_depth,
+            busy_s=round(max(0.0, c.busy_s), 6),
         )
 
 
@@ -132,7 +139,7 @@ class TelemetryCollector:
         for lv in serving:  # every served version, even with nothing to report
             windows.setdefault((lv.model, lv.version), _Window())
         for lv in (*serving, *self._departed):
-            current = _Snapshot.of(lv.stats)
+            current = _Snapshot.of(lv.stats, lv.config.instances)
             counts = current - self._last.get(lv, _Snapshot())
             self._last[lv] = current
             latencies = lv.stats.latencies(since, now)
@@ -149,9 +156,10 @@ class TelemetryCollector:
         models = [w.to_message(model, version) for (model, version), w in windows.items()]
         models += self.tokens.collect(since, now)
         if self.sketches is not None:
-            inputs = self.sketches.take_all()
+            sketches = self.sketches.take_all()
             for m in models:
-                m.inputs = inputs.get((m.model, m.version), [])
+                if (taken := sketches.get((m.model, m.version))) is not None:
+                    m.inputs, m.outputs, m.top1 = taken
         return window, models, self._device()
 
     def _device(self) -> DeviceTelemetry:

@@ -398,6 +398,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
                 names,
                 decoded.priority,
                 decoded.timeout_us,
+                request.id or request_id or None,
             )
             # resolved above, with no await since: no swap came in between
             result = await service.submit(infer, lv)

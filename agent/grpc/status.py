@@ -27,6 +27,7 @@ CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (agent_errors.RateLimitedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (agent_errors.OverloadedError, grpc.StatusCode.UNAVAILABLE),
     (agent_errors.ShuttingDownError, grpc.StatusCode.UNAVAILABLE),
+    (agent_errors.StorageError, grpc.StatusCode.UNAVAILABLE),
     (agent_errors.ModelNotReadyError, grpc.StatusCode.UNAVAILABLE),
     (agent_errors.DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (agent_errors.MemoryBudgetError, grpc.StatusCode.RESOURCE_EXHAUSTED),

@@ -16,9 +16,11 @@ import numpy as np
 
 from agent.errors import AgentError, RequestError, ShuttingDownError
 from agent.inference.batch_run import ItemResult
+from agent.inference.capture import CaptureTap
 from agent.inference.manager import ModelManager
 from agent.inference.payload_log import PayloadLog
 from agent.inference.pipelined import PipelineVersion
+from agent.inference.predictions import PredictionStore
 from agent.inference.sketches import InputSketchBook
 from agent.inference.versions import LoadedVersion
 from agent.pipelines.errors import StepError
@@ -41,6 +43,9 @@ class InferRequest:
     """1 is the highest; 0 means the model's default level."""
     timeout_us: int | None = None
     """Queue timeout; None means the model's default_timeout_us."""
+    request_id: str | None = None
+    """The id the answer carries (the client's or the agent's): a model with
+    ``[ground_truth]`` keeps its prediction under it for outcomes posted later."""
 
 
 @dataclass
@@ -64,8 +69,15 @@ class InferenceService:
         max_rows_per_request: int,
         sketches: InputSketchBook | None = None,
         payloads: PayloadLog | None = None,
+        predictions: PredictionStore | None = None,
+        capture: CaptureTap | None = None,
     ) -> None:
         self.manager = manager
+        self.capture = capture
+        """Where models with ``[capture] enabled`` offer their answered requests; None: the
+        agent has no spool."""
+        self.predictions = predictions
+        """Where models with ``[ground_truth]`` keep their predictions; None: not kept."""
         self.metrics = metrics
         self.sketches = sketches
         """Served inputs' sketches for telemetry (drift); None: not sketched."""
@@ -167,13 +179,35 @@ class InferenceService:
         )
         self.metrics.observe_success(lv.model, version, total, result.queue_s, result.compute_s)
         if self.sketches is not None:
-            self.sketches.observe(lv.model, lv.version, request.inputs)
+            self.sketches.observe(lv.model, lv.version, request.inputs, result.outputs)
         if self.manager.shadows.by_model:  # a copy for a staged candidate, never awaited
             self.manager.shadows.offer(lv, request.inputs, rows, result.outputs, result.compute_s)
         if self.payloads is not None and lv.config.payload_log.enabled:
             self.payloads.offer(
                 lv.model, version, lv.config.payload_log, request.inputs, result.outputs
             )
+        if self.capture is not None and lv.config.capture.enabled:
+            self.capture.offer(
+                lv.model, lv.version, lv.config.capture, request.inputs, result.outputs
+            )
+        truth = lv.config.ground_truth
+        if truth.task is not None and request.request_id and self.predictions is not None:
+            outputs = result.outputs
+            judged = (
+                outputs.get(truth.output) if truth.output else next(iter(outputs.values()), None)
+            )
+            if judged is not None:
+                self.predictions.record(
+                    request.request_id, lv.model, lv.version, truth.task, judged
+                )
+
+    def capture_disagreement(
+        self, model: str, version: int, inputs: Arrays, outputs: Arrays
+    ) -> None:
+        """A shadow candidate disagreed with ``model`` v``version``'s answer ``outputs``."""
+        entry = self.manager.models.get(model)
+        if self.capture is not None and entry is not None:
+            self.capture.offer_disagreement(model, version, entry.config.capture, inputs, outputs)
 
     def _submit_pipeline(
         self, lv: PipelineVersion, request: InferRequest
@@ -215,6 +249,11 @@ class InferenceService:
             if self.payloads is not None and lv.config.payload_log.enabled:
                 self.payloads.offer(
                     lv.model, version, lv.config.payload_log, request.inputs, result.outputs
+                )
+            if self.capture is not None and lv.config.capture.enabled:
+                # the raw input the app sent (an image's bytes), not the model's tensors
+                self.capture.offer(
+                    lv.model, lv.version, lv.config.capture, request.inputs, result.outputs
                 )
             outputs = result.outputs if wanted is None else {k: result.outputs[k] for k in wanted}
             rows = next(iter(outputs.values())).shape[0] if outputs else 0

@@ -44,12 +44,17 @@ def batcher_candidate(lv: LoadedVersion) -> Candidate:
     return run
 
 
+Disagreed = Callable[[str, int, Arrays, Arrays], None]
+"""Told of a copy whose candidate's top-1 differed: model, serving version, inputs, outputs."""
+
+
 @dataclass
 class _Copy:
     inputs: Arrays
     rows: int
     outputs: Arrays
     compute_s: float
+    serving_version: int = 0
 
 
 class Shadow:
@@ -75,6 +80,8 @@ class Shadow:
         self._random = random.Random(seed)
         self._report = ShadowReport(version=version, sequence=sequence)
         self._task: asyncio.Task[None] | None = None
+        self.on_disagreement: Disagreed | None = None
+        """Told of each copy the candidate disagreed on (data capture)."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._consume(), name=f"shadow:{self.model}")
@@ -92,13 +99,15 @@ class Shadow:
         """Copies waiting for the candidate."""
         return self._queue.qsize()
 
-    def offer(self, inputs: Arrays, rows: int, outputs: Arrays, compute_s: float) -> None:
-        """A served request's inputs and answer: copied to the candidate if sampled and the
-        queue has room. Never blocks."""
+    def offer(
+        self, inputs: Arrays, rows: int, outputs: Arrays, compute_s: float, serving: int = 0
+    ) -> None:
+        """A served request's inputs and answer (by version ``serving``): copied to the
+        candidate if sampled and the queue has room. Never blocks."""
         if self.sample_share < 1 and self._random.random() >= self.sample_share:
             return
         try:
-            self._queue.put_nowait(_Copy(inputs, rows, outputs, compute_s))
+            self._queue.put_nowait(_Copy(inputs, rows, outputs, compute_s, serving))
         except asyncio.QueueFull:
             self._report.dropped += 1
 
@@ -147,7 +156,10 @@ class Shadow:
         top_got = first_got.reshape(rows, -1).argmax(axis=1)
         r.requests += 1
         r.rows += rows
-        r.matched += int(np.count_nonzero(top_served == top_got))
+        agreed = int(np.count_nonzero(top_served == top_got))
+        r.matched += agreed
+        if agreed < rows and self.on_disagreement is not None:
+            self.on_disagreement(self.model, copy.serving_version, copy.inputs, copy.outputs)
         r.max_abs_diff = worst if r.max_abs_diff is None else max(r.max_abs_diff, worst)
         r.rel_error_sum += worst / scale if scale > 0 else 0.0
         r.candidate_ms_sum += compute_s * 1000
@@ -159,10 +171,13 @@ class ShadowTaps:
 
     def __init__(self) -> None:
         self.by_model: dict[str, Shadow] = {}
+        self.on_disagreement: Disagreed | None = None
+        """Given to every shadow offered a copy (data capture's shadow trigger)."""
 
     def offer(
         self, lv: LoadedVersion, inputs: Arrays, rows: int, outputs: Arrays, compute_s: float
     ) -> None:
         shadow = self.by_model.get(lv.model)
         if shadow is not None and shadow.version != lv.version:
-            shadow.offer(inputs, rows, outputs, compute_s)
+            shadow.on_disagreement = self.on_disagreement
+            shadow.offer(inputs, rows, outputs, compute_s, lv.version)

@@ -1,4 +1,5 @@
-"""Streaming sketches of the inputs each model version serves, sent in telemetry (drift).
+"""Streaming sketches of the inputs and outputs each model version serves, sent in telemetry
+(input and output drift).
 
 Per (model, version) and input, over one telemetry window, a sample of the requests is kept:
 every request until ``sample_rows_per_window`` rows are, then a uniform sample of the
@@ -9,6 +10,9 @@ small numpy slices). When the window is taken, off the request path, the kept va
 summarised: count, mean, variance, and DDSketch's logarithmic bins (:mod:`common.sketching`),
 from which any quantile follows within ``relative_accuracy``.
 
+Outputs are sketched the same way, and of an output shaped ``[N, classes]`` the index of each
+row's highest score too (its argmax taken of the kept requests only): the predicted class mix.
+
 :meth:`InputSketchBook.take_all` returns the window's sketches and starts the next one.
 Everything runs on the event loop (the service's completion callbacks, the telemetry loop).
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,6 +45,9 @@ class InputSketchSettings(BaseModel):
     variance."""
     relative_accuracy: float = Field(default=0.02, gt=0, lt=0.5)
     """DDSketch's relative accuracy: bins are this narrow relative to their values."""
+    outputs: bool = True
+    """Sketch the outputs too, and of a ``[N, classes]`` output the top-1 class (output
+    drift: the predicted class mix)."""
 
 
 @dataclass
@@ -52,17 +60,34 @@ class _InputWindow:
     """(rows, feature matrix, all values) of the sampled requests."""
 
     def add(self, x: np.ndarray, settings: InputSketchSettings, rng: random.Random) -> None:
+        slot = self.slot(x, settings, rng)
+        if slot is not None:
+            self.keep(slot, x, settings)
+
+    def slot(self, x: np.ndarray, settings: InputSketchSettings, rng: random.Random) -> int | None:
+        """Count ``x``'s rows; where it goes among the kept requests, None: not kept."""
         n = x.shape[0] if x.ndim else 1
         self.rows += n
         self.requests += 1
         if self.kept_rows < settings.sample_rows_per_window:
-            slot = len(self.kept)
-        else:  # reservoir sampling of requests (Algorithm R): each one kept alike
-            slot = rng.randrange(self.requests)
-            if slot >= len(self.kept):
-                return
+            return len(self.kept)
+        # reservoir sampling of requests (Algorithm R): each one kept alike
+        slot = rng.randrange(self.requests)
+        return slot if slot < len(self.kept) else None
+
+    def keep(self, slot: int, x: np.ndarray, settings: InputSketchSettings) -> None:
+        n = x.shape[0] if x.ndim else 1
         matrix, self.layout = feature_matrix(x, settings.features, settings.values_per_row)
-        sample = (n, matrix, all_values(x, settings.values_per_row))  # copies: safe to keep
+        self._put(slot, (n, matrix, all_values(x, settings.values_per_row)))  # copies: safe
+
+    def keep_classes(self, slot: int, scores: np.ndarray) -> None:
+        """Keep the class each row of ``scores`` (``[N, classes]``) scored highest: one column,
+        the same values as the whole (one copy for both)."""
+        classes = scores.argmax(axis=1).astype(np.float64)
+        self._put(slot, (len(classes), classes.reshape(-1, 1), classes))
+
+    def _put(self, slot: int, sample: tuple[int, np.ndarray, np.ndarray]) -> None:
+        n = sample[0]
         if slot == len(self.kept):
             self.kept.append(sample)
         else:
@@ -105,28 +130,66 @@ class _InputWindow:
         )
 
 
+class Sketches(NamedTuple):
+    """One version's sketches of a window."""
+
+    inputs: list[InputSketch]
+    outputs: list[InputSketch]
+    top1: list[InputSketch]
+    """Of each ``[N, classes]`` output: the class each row scored highest (the class mix)."""
+
+
+class _VersionWindows(NamedTuple):
+    inputs: dict[str, _InputWindow]
+    outputs: dict[str, _InputWindow]
+    top1: dict[str, _InputWindow]
+
+
 class InputSketchBook:
-    """The current window's input sketches of every model version that served requests."""
+    """The current window's input (and output) sketches of every model version that served
+    requests."""
 
     def __init__(self, settings: InputSketchSettings) -> None:
         self.settings = settings
-        self._windows: dict[tuple[str, int], dict[str, _InputWindow]] = {}
+        self._windows: dict[tuple[str, int], _VersionWindows] = {}
         self._rng = random.Random()
 
-    def observe(self, model: str, version: int, inputs: dict[str, np.ndarray]) -> None:
-        """Count one served request's decoded inputs (cheap: see the module's docstring)."""
-        per_input = self._windows.setdefault((model, version), {})
+    def observe(
+        self,
+        model: str,
+        version: int,
+        inputs: dict[str, np.ndarray],
+        outputs: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        """Count one served request's decoded inputs and its outputs (cheap: see the module's
+        docstring)."""
+        per = self._windows.get((model, version))
+        if per is None:
+            per = self._windows[(model, version)] = _VersionWindows({}, {}, {})
         for name, x in inputs.items():
-            window = per_input.get(name)
-            if window is None:
-                window = per_input[name] = _InputWindow()
-            window.add(x, self.settings, self._rng)
+            _window(per.inputs, name).add(x, self.settings, self._rng)
+        if outputs is None or not self.settings.outputs:
+            return
+        for name, y in outputs.items():
+            _window(per.outputs, name).add(y, self.settings, self._rng)
+            if y.ndim == 2 and y.shape[1] > 1 and y.dtype.kind in "iuf":
+                window = _window(per.top1, name)
+                slot = window.slot(y, self.settings, self._rng)
+                if slot is not None:  # the argmax only of the rows kept
+                    window.keep_classes(slot, y)
 
-    def take_all(self) -> dict[tuple[str, int], list[InputSketch]]:
+    def take_all(self) -> dict[tuple[str, int], Sketches]:
         """The window's sketches per (model, version) that served requests; the next window
         starts empty (a version that left service is dropped with it)."""
         windows, self._windows = self._windows, {}
-        return {
-            key: [w.sketch(name, self.settings) for name, w in per.items() if w.kept]
-            for key, per in windows.items()
-        }
+        return {key: Sketches(*(self._sketch(w) for w in per)) for key, per in windows.items()}
+
+    def _sketch(self, windows: dict[str, _InputWindow]) -> list[InputSketch]:
+        return [w.sketch(name, self.settings) for name, w in windows.items() if w.kept]
+
+
+def _window(windows: dict[str, _InputWindow], name: str) -> _InputWindow:
+    window = windows.get(name)
+    if window is None:
+        window = windows[name] = _InputWindow()
+    return window

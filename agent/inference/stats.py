@@ -62,6 +62,9 @@ class VersionStats:
     """Rows inferred (a request of 4 rows counts 4)."""
     execution_count: int = 0
     """Batches run."""
+    busy_ns: int = 0
+    """Time the instances spent on batches (stacking, backend, splitting), summed over the
+    instances: what the device's cost is charged by (telemetry's ``busy_s``)."""
     last_inference_ms: int = 0
     fail_by_reason: dict[str, int] = field(default_factory=dict)
     batch_sizes: dict[int, BatchSizeStats] = field(default_factory=dict)
@@ -77,6 +80,7 @@ class VersionStats:
         inputs, ``output_s`` splitting its outputs."""
         self.execution_count += 1
         self.inference_count += rows
+        self.busy_ns += int((compute_s + input_s + output_s) * 1e9)
         size = self.batch_sizes.setdefault(rows, BatchSizeStats())
         size.compute_input.add(input_s)
         size.compute_infer.add(compute_s)

@@ -28,6 +28,7 @@ STATUS: tuple[tuple[type[Exception], int, str], ...] = (
     # the KV budget and the wait queue full (agent.generative.scheduler.KvBudgetFullError)
     (agent_errors.OverloadedError, 429, "rate_limit_error"),
     (agent_errors.ShuttingDownError, 503, "server_error"),
+    (agent_errors.StorageError, 503, "server_error"),
     (agent_errors.ModelNotReadyError, 503, "server_error"),
 )
 

@@ -1,7 +1,9 @@
-"""What sketching served inputs (drift) adds to a request, against the inference it rides on.
+"""What sketching served inputs and outputs (drift) adds to a request, against the inference
+it rides on.
 
 For each case, in alternating rounds on the same machine: the agent's
-:meth:`agent.inference.sketches.InputSketchBook.observe` of one request's decoded inputs (a
+:meth:`agent.inference.sketches.InputSketchBook.observe` of one request's decoded inputs and
+its outputs (a
 window of ``--requests`` requests, so both the kept requests and, past the budget of 512
 rows, the sampled-out ones are in the mean), and ONNX Runtime running the same request on the
 example model. Also the cost of taking a window (binning, off the request path) and the size
@@ -37,17 +39,20 @@ def _case(model: Path, rows: np.ndarray, rounds: int, requests: int) -> dict[str
     session = _session(model)
     name = session.get_inputs()[0].name
     book = InputSketchBook(InputSketchSettings())
+    # the outputs too, as the agent sketches them (output drift)
+    names = [o.name for o in session.get_outputs()]
+    outputs = dict(zip(names, session.run(None, {name: rows}), strict=True))
     observe_us, infer_us, take_ms = [], [], []
     size = 0
     for _ in range(rounds):
         start = time.perf_counter()
         for _ in range(requests):
-            book.observe("m", 1, {name: rows})
+            book.observe("m", 1, {name: rows}, outputs)
         observe_us.append((time.perf_counter() - start) / requests * 1e6)
         start = time.perf_counter()
-        sketches = book.take_all()[("m", 1)]
+        taken = book.take_all()[("m", 1)]
         take_ms.append((time.perf_counter() - start) * 1e3)
-        size = len(sketches[0].model_dump_json())
+        size = sum(len(s.model_dump_json()) for s in (*taken.inputs, *taken.outputs, *taken.top1))
         start = time.perf_counter()
         for _ in range(requests):
             session.run(None, {name: rows})

@@ -29,6 +29,8 @@ class Rejection(StrEnum):
     FLEET_COMMAND = "fleet_command"
     NOTHING_TO_ROLL_BACK = "nothing_to_roll_back"
     SUPERSEDED = "superseded"
+    NO_LAUNCHER = "no_launcher"
+    """An agent release sent to an agent that does not run under the launcher."""
 
 
 class ProtocolError(Exception):

@@ -13,8 +13,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from common.protocol.diagnostics import MAX_DIAGNOSTIC_BYTES, LogLevel
 from common.protocol.drift import InputSketch
+from common.protocol.ground_truth import GroundTruthReport
 from common.protocol.shadow import ShadowReport, ShadowStage, VariantSpeed
+from common.protocol.twin import TwinReport
 
 Sha256 = str
 
@@ -154,6 +157,10 @@ class DesiredState(_Message):
 
 class CommandType(StrEnum):
     ROLLBACK = "rollback"
+    LOGS = "logs"
+    """Upload the device's recent log lines (docs/operations.md, "Seeing a device's logs")."""
+    SUPPORT_BUNDLE = "support-bundle"
+    """Upload a support bundle: redacted config, versions, events, metrics, outbox state."""
 
 
 class Command(BaseModel):
@@ -165,21 +172,58 @@ class Command(BaseModel):
     command_id: str = Field(min_length=1, max_length=128)
     device_id: str
     type: CommandType
-    model: str
+    model: str = ""
+    """The model a rollback acts on (empty for logs and support bundles)."""
     from_version: int | None = None
     """Roll back only if the device runs this version (a device that already rolled back
     locally, or never got there, stays where it is)."""
     reason: str = ""
     issued_at: datetime
     expires_at: datetime
+    since: datetime | None = None
+    """Logs: the oldest line's time (None: as far back as the device keeps)."""
+    until: datetime | None = None
+    """Logs: the newest line's time (None: up to now)."""
+    min_level: LogLevel | None = None
+    """Logs: the least severe level sent (None: all that were written)."""
+    max_bytes: int | None = Field(default=None, ge=1, le=MAX_DIAGNOSTIC_BYTES)
+    """Logs and bundles: the answer's size cap (the newest log lines that fit)."""
 
     @model_validator(mode="after")
     def _zoned(self) -> Command:
         _require_zones(self.issued_at, self.expires_at)
+        if any(t is not None and t.utcoffset() is None for t in (self.since, self.until)):
+            raise ValueError("since and until need a time zone")
         return self
 
 
 # -- device to fleet --------------------------------------------------------------------------
+
+
+class CaptureStatus(BaseModel):
+    """A model's data capture on the device: its policy (``[capture]`` of its config) and
+    what it captured since the agent started (docs/model-quality.md, "Data capture")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool
+    sample_rate: float
+    low_confidence_below: float | None = None
+    shadow_disagreement: bool = False
+    max_sample_bytes: int
+    max_samples_per_minute: int
+    max_disk_bytes: int
+    retention_days: float
+    captured: dict[str, int] = Field(default_factory=dict)
+    """Samples stored in the spool, by trigger."""
+    uploaded: int = 0
+    """Samples the control plane acknowledged."""
+    dropped: dict[str, int] = Field(default_factory=dict)
+    """Samples chosen and not kept, by reason (queue_full, rate_limited, too_large, evicted,
+    expired, unstorable)."""
+    spooled: int = 0
+    """Samples on the device's disk now, waiting for upload."""
+    spooled_bytes: int = 0
 
 
 class ServedModel(BaseModel):
@@ -189,6 +233,48 @@ class ServedModel(BaseModel):
     version: int
     sequence: int | None = None
     """The manifest sequence this version came from, if the fleet sent it."""
+    capture: CaptureStatus | None = None
+    """Its data capture, where its config has a ``[capture]`` policy or it captured."""
+
+
+class AgentPhase(StrEnum):
+    """The agent as its launcher sees it (agent/launcher)."""
+
+    RUNNING = "running"
+    DEGRADED = "degraded"
+    """The agent exited (or failed a trial) and was restarted: it runs again, but the crash
+    loop is not over (it has not yet stayed up the launcher's ``stable_after_s``)."""
+
+
+class AgentReleaseOutcome(StrEnum):
+    COMMITTED = "committed"
+    ROLLED_BACK = "rolled_back"
+
+
+class AgentUpdate(BaseModel):
+    """How the last agent release put on trial on this device ended."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: str = Field(max_length=64)
+    outcome: AgentReleaseOutcome
+    reason: str | None = Field(default=None, max_length=500)
+    """Why it went back (``crashed before ready (exit 1): ...``, ``not ready within 30 s``)."""
+    at: datetime
+
+
+class LauncherReport(BaseModel):
+    """What the launcher under the agent says, in the agent's birth message."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    release: str = Field(max_length=64)
+    """The release running (``base``: the agent installed with the launcher)."""
+    phase: AgentPhase
+    last_error: str | None = Field(default=None, max_length=500)
+    """Why the agent last exited, while ``degraded``."""
+    exits_in_a_row: int = Field(default=0, ge=0)
+    last_update: AgentUpdate | None = None
 
 
 class DeviceStatus(_Message):
@@ -207,6 +293,10 @@ class DeviceStatus(_Message):
     trust_root_version: int | None = Field(default=None, ge=1)
     """The version of the trust root the device holds (it verifies manifests and commands with
     it): the operator sees which devices have a new root before revoking an old key."""
+    launcher: LauncherReport | None = None
+    """Present when the agent runs under the launcher (``edgefleet launcher run``)."""
+    twin: TwinReport | None = None
+    """The config twin the device applied (:mod:`common.protocol.twin`); none: none yet."""
 
 
 class UpdateState(StrEnum):
@@ -275,14 +365,25 @@ class ModelTelemetry(BaseModel):
     p99_ms: float | None = None
     mean_batch_size: float | None = None
     queue_depth: int = 0
+    busy_s: float = Field(default=0.0, ge=0)
+    """The device time this version's batches took in the window: their run time (stacking,
+    backend, splitting) over its instance count, each instance holding that share of the
+    device. With the device's hourly cost rate, the control plane's cost per prediction."""
     shadow: ShadowReport | None = None
     """The window of a candidate staged as this version's shadow, if one is."""
     speed: VariantSpeed | None = None
     """What batch tuning measured for this version, in the first window after its load."""
     inputs: list[InputSketch] = Field(default_factory=list)
     """Sketches of what this version's inputs looked like over the window (drift)."""
+    outputs: list[InputSketch] = Field(default_factory=list)
+    """Sketches of its outputs over the window (output drift), by output name."""
+    top1: list[InputSketch] = Field(default_factory=list)
+    """Of each ``[N, classes]`` output, by its name: the sketch of the class each row scored
+    highest (the predicted class mix)."""
     generative: GenerativeTelemetry | None = None
     """Set for a generative model's version: its tokens and token latencies."""
+    ground_truth: GroundTruthReport | None = None
+    """The outcomes apps posted for this version's predictions since the last window."""
 
 
 class DeviceTelemetry(BaseModel):

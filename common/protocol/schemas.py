@@ -13,16 +13,28 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from common.protocol.agent_release import AgentReleaseManifest
+from common.protocol.capture import CaptureAck, CaptureUpload
+from common.protocol.diagnostics import DiagnosticAck, DiagnosticUpload
 from common.protocol.enrolment import EnrolmentAnswer, EnrolmentRequest
+from common.protocol.ground_truth import GroundTruthReport
 from common.protocol.messages import MESSAGE_TYPES
 from common.protocol.signing import Envelope, TrustRoot
+from common.protocol.twin import ConfigTwin
 
 ALL: dict[str, type[BaseModel]] = {
     **MESSAGE_TYPES,
+    "agent-release-manifest": AgentReleaseManifest,
     "signed-envelope": Envelope,
     "trust-root": TrustRoot,
+    "config-twin": ConfigTwin,
     "enrolment-request": EnrolmentRequest,
     "enrolment-answer": EnrolmentAnswer,
+    "ground-truth-report": GroundTruthReport,
+    "capture-upload": CaptureUpload,
+    "capture-ack": CaptureAck,
+    "diagnostic-upload": DiagnosticUpload,
+    "diagnostic-ack": DiagnosticAck,
 }
 
 

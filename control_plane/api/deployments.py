@@ -1,5 +1,5 @@
 """Deployment routes: create, list, show (with compliance), change (a new version is a
-rollout) and delete a continuous deployment."""
+rollout), pause and resume, and delete a continuous deployment."""
 
 from __future__ import annotations
 
@@ -14,14 +14,24 @@ from starlette.responses import Response
 
 from control_plane.api import audit, windows
 from control_plane.api.body import json_body, json_request
-from control_plane.api.deps import OPERATOR, SESSION, VIEWER, Services, field_error, json_response
-from control_plane.db.models import Deployment
+from control_plane.api.deps import (
+    OPERATOR,
+    SESSION,
+    VIEWER,
+    Services,
+    field_error,
+    json_response,
+    services,
+)
+from control_plane.db.models import Deployment, Rollout
 from control_plane.db.session import required_utc
+from control_plane.db.states import RolloutState
 from control_plane.deployments.reconciler import DeploymentReconciler
 from control_plane.deployments.spec import DeploymentChange, DeploymentSpec, changed
 from control_plane.deployments.view import FleetView, load_view
 from control_plane.errors import Busy, Conflict, Invalid, NotFound
 from control_plane.registry.store import get_version
+from control_plane.rollouts.plan import refuse_unjudgeable
 from control_plane.tokens import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["Deployments"])
@@ -63,6 +73,9 @@ def deployment_doc(
         "updated_at": required_utc(d.updated_at).isoformat(),
         "status": {**fleet.summary(d.id), "active_rollout": view.active_rollout},
         "problem": problem,
+        "paused": d.paused_by is not None,
+        "paused_by": d.paused_by,
+        "paused_at": required_utc(d.paused_at).isoformat() if d.paused_at else None,
     }
     if devices:
         doc["devices"] = {i: s.value for i, s in sorted(fleet.states(d.id).items())}
@@ -76,11 +89,15 @@ async def _named(s: AsyncSession, name: str) -> Deployment:
     return d
 
 
-async def _check_version(s: AsyncSession, model: str, version: int) -> None:
-    """Refuse what no rollout could take, at once rather than at every pass."""
+async def _check_version(s: AsyncSession, spec: DeploymentSpec) -> None:
+    """Refuse what no rollout could take, at once rather than at every pass: a version not
+    validated, a gate its devices could never feed (``max_drift`` without a reference set,
+    ``max_accuracy_drop`` on a version that keeps no predictions...)."""
+    model, version = spec.subject()
     mv = await get_version(s, model, version)
     if not (mv.validation or {}).get("passed"):
         raise Conflict(f"{model} v{version} has not passed validation; validate it first")
+    refuse_unjudgeable(spec, mv)
 
 
 @router.post(
@@ -97,7 +114,7 @@ async def create_deployment(
 ) -> Response:
     if (await s.execute(select(Deployment.id).where(Deployment.name == spec.name))).first():
         raise Conflict(f"deployment {spec.name!r} exists; change it with PATCH")
-    await _check_version(s, spec.model, spec.version)
+    await _check_version(s, spec)
     now = datetime.now(UTC)
     fields = spec.model_dump()
     d = Deployment(**fields, created_by=who.name, created_at=now, updated_at=now)
@@ -146,8 +163,9 @@ async def change_deployment(
         fields = changed(d, change)
     except ValidationError as exc:
         raise Invalid(field_error(exc.errors())) from None
+    if fields["version"] != d.version or fields["gates"] != d.gates:
+        await _check_version(s, DeploymentSpec.model_validate(fields))
     if fields["version"] != d.version:
-        await _check_version(s, d.model, fields["version"])
         active = (await load_view(s, d.id)).deployments[d.id].active_rollout
         if active is not None:
             raise Busy(
@@ -166,6 +184,41 @@ async def change_deployment(
     )
     await s.commit()
     reconciler(request).wake()
+    return json_response(deployment_doc(d, await load_view(s, d.id), None, devices=True))
+
+
+@router.post(
+    "/deployments/{name}/{action}",
+    summary="pause (no rollout starts, the running one pauses) or resume a deployment",
+)
+async def pause_or_resume(
+    request: Request,
+    name: str,
+    action: str,
+    s: AsyncSession = SESSION,
+    who: Principal = OPERATOR,
+) -> Response:
+    if action not in ("pause", "resume"):
+        raise NotFound(f"no action {action!r}: pause or resume")
+    d = await _named(s, name)
+    active = (await load_view(s, d.id)).deployments[d.id].active_rollout
+    state = (
+        (await s.execute(select(Rollout.state).where(Rollout.id == active))).scalar_one_or_none()
+        if active is not None
+        else None
+    )
+    pausing = action == "pause"
+    d.paused_by, d.paused_at = (who.name, datetime.now(UTC)) if pausing else (None, None)
+    audit.record(s, who.name, f"deployment.{action}", f"deployment:{name}")
+    await s.commit()
+    engine = services(request).engine
+    # its rollout follows: a running one pauses, one paused (by this or by a gate) goes on
+    if active is not None and pausing and state is RolloutState.RUNNING:
+        await engine.pause(active, who.name)
+    elif active is not None and not pausing and state is RolloutState.PAUSED:
+        await engine.resume(active, who.name)
+    reconciler(request).wake()
+    await s.refresh(d)
     return json_response(deployment_doc(d, await load_view(s, d.id), None, devices=True))
 
 

@@ -38,6 +38,7 @@ INDEX = Path(ge=0, le=INT32_MAX)
 STATUS = {
     "not_found": 404,
     "invalid_request": 400,
+    "unprocessable": 422,
     "conflict": 409,
     "busy": 409,
     "payload_too_large": 413,

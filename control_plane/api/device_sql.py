@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -129,6 +130,26 @@ def serves_sql(dialect: str, model: str, version: int | None) -> ColumnElement[b
     return exists(select(1).select_from(served).where(*wanted))
 
 
+class AgentState(StrEnum):
+    """What a device's launcher last said of its agent (``DeviceStatus.launcher``)."""
+
+    DEGRADED = "degraded"
+    """The agent crash-loops: restarted, not yet stable."""
+    ROLLED_BACK = "rolled_back"
+    """The last agent release put on trial went back to the previous one."""
+
+
+def agent_sql(dialect: str, state: AgentState) -> ColumnElement[bool]:
+    if state is AgentState.DEGRADED:
+        return _field(dialect, Device.launcher, "phase") == "degraded"
+    outcome: ColumnElement[Any] = (
+        func.json_extract(Device.launcher, "$.last_update.outcome")
+        if dialect == "sqlite"
+        else Device.launcher.op("->")("last_update").op("->>")("outcome")
+    )
+    return outcome == "rolled_back"
+
+
 @dataclass(frozen=True)
 class DeviceFilter:
     """What the device list and the summary filter on (all optional)."""
@@ -140,6 +161,7 @@ class DeviceFilter:
     presence: Presence | None = None
     model: str | None = None
     model_version: int | None = None
+    agent: AgentState | None = None
 
     def where(self, dialect: str, presence: ColumnElement[str]) -> list[ColumnElement[bool]]:
         out = [label_sql(dialect, k, v) for k, v in self.labels.items()]
@@ -154,6 +176,8 @@ class DeviceFilter:
             out.append(presence == self.presence.value)
         if self.model is not None:
             out.append(serves_sql(dialect, self.model, self.model_version))
+        if self.agent is not None:
+            out.append(agent_sql(dialect, self.agent))
         return out
 
 
@@ -161,7 +185,8 @@ async def summary(
     s: Any, where: list[ColumnElement[bool]], presence: ColumnElement[str]
 ) -> dict[str, Any]:
     """Counts of the devices ``where`` selects: by profile and presence, by label and presence,
-    by served model version. Each is one GROUP BY; no device row leaves the database."""
+    by served model version, and those whose agent is degraded or went back from a release.
+    Each is one query; no device row leaves the database."""
     dialect = s.get_bind().dialect.name
     p = presence.label("presence")
     by_profile = await s.execute(
@@ -191,7 +216,14 @@ async def summary(
         .where(*where)
         .group_by(model, version)
     )
+    agents = {
+        state.value: (
+            await s.execute(select(func.count()).where(*where, agent_sql(dialect, state)))
+        ).scalar_one()
+        for state in AgentState
+    }
     return {
+        "agents": agents,
         "presence": [
             {"hardware_profile": hp, "presence": st, "devices": n} for hp, st, n in by_profile
         ],

@@ -23,7 +23,7 @@ from control_plane.api.deps import (
     json_response,
     services,
 )
-from control_plane.api.device_sql import DeviceFilter, presence_sql
+from control_plane.api.device_sql import AgentState, DeviceFilter, presence_sql
 from control_plane.api.device_sql import summary as fleet_summary
 from control_plane.db.models import (
     Device,
@@ -37,13 +37,21 @@ from control_plane.db.session import stored_utc
 from control_plane.db.states import RolloutState
 from control_plane.errors import Invalid, NotFound
 from control_plane.ingest.presence import Presence
+from control_plane.quality.cost import rollout_cost
 from control_plane.rollouts.cancel import CancelOutcome, device_switches
+from control_plane.rollouts.noise import p99_noise, selected_devices
 from control_plane.rollouts.phases import device_phases, phase_doc
 from control_plane.rollouts.spec import RolloutSpec
 from control_plane.tokens import Principal
+from control_plane.twins import documents as twin_documents
 
 router = APIRouter(prefix="/api/v1", tags=["Fleet"])
 LABELS = Query(default=[], description="key=value; repeat for several")
+AGENT = Query(
+    default=None,
+    description="only devices whose agent is degraded (crash-looping) or went back from a "
+    "release (rolled_back)",
+)
 
 
 def presence_of(request: Request, d: Device, now: datetime | None = None) -> Presence:
@@ -72,6 +80,7 @@ def device_doc(d: Device, presence: Presence) -> dict[str, Any]:
         "last_seen": stored_utc(d.last_seen).isoformat() if d.last_seen else None,
         "telemetry_interval_s": d.telemetry_interval_s,
         "trust_root_version": d.trust_root_version,
+        "launcher": d.launcher,
     }
 
 
@@ -123,11 +132,19 @@ def _filter(
     presence: Presence | None,
     model: str | None,
     model_version: int | None,
+    agent: AgentState | None = None,
 ) -> DeviceFilter:
     if model_version is not None and not model:
         raise Invalid("model_version: give the model too")
     return DeviceFilter(
-        _selector(label), profile, trust_root_version, online, presence, model, model_version
+        _selector(label),
+        profile,
+        trust_root_version,
+        online,
+        presence,
+        model,
+        model_version,
+        agent,
     )
 
 
@@ -160,10 +177,13 @@ async def list_devices(
         default=None, ge=1, le=1000, description="devices per page (none: every match)"
     ),
     after: str | None = CURSOR,
+    agent: AgentState | None = AGENT,
     s: AsyncSession = SESSION,
     _: Principal = VIEWER,
 ) -> Response:
-    wanted = _filter(label, profile, trust_root_version, online, presence, model, model_version)
+    wanted = _filter(
+        label, profile, trust_root_version, online, presence, model, model_version, agent
+    )
     now = datetime.now(UTC)
     state = _presence_sql(request, now)
     # the filters, presence included, are the database's: a page reads its own rows only
@@ -197,10 +217,11 @@ async def device_summary(
     presence: Presence | None = None,
     model: str | None = None,
     model_version: int | None = Query(default=None, ge=0, le=INT32_MAX),
+    agent: AgentState | None = AGENT,
     s: AsyncSession = SESSION,
     _: Principal = VIEWER,
 ) -> Response:
-    wanted = _filter(label, profile, None, None, presence, model, model_version)
+    wanted = _filter(label, profile, None, None, presence, model, model_version, agent)
     state = _presence_sql(request, datetime.now(UTC))
     doc = await fleet_summary(s, wanted.where(s.get_bind().dialect.name, state), state)
     return json_response(doc)
@@ -281,7 +302,14 @@ async def set_labels(
             labels[key] = value
     device.operator_labels = labels
     audit.record(s, who.name, "device.labels", device_id, labels=body.labels)
+    await s.flush()
+    svc = services(request)
+    # its label groups' config twins, resolved again (control_plane/twins)
+    changed = await twin_documents.sync(s, svc.keys, only=[device_id])
+    published = [(d.id, list(d.desired.values())) for d in changed]
     await s.commit()
+    for changed_id, manifests in published:
+        svc.bus.publish_desired(changed_id, manifests)
     return json_response(device_doc(device, presence_of(request, device)))
 
 
@@ -298,6 +326,7 @@ def rollout_doc(r: Rollout) -> dict[str, Any]:
         "model": r.model,
         "version": r.version,
         "sequence": r.sequence,
+        "agent_version": r.agent_version,
         "state": r.state.value,
         "reason": r.reason,
         "current_wave": r.current_wave,
@@ -383,14 +412,35 @@ async def list_rollouts(
     return json_response([rollout_doc(r) for r in rows])
 
 
+@router.get(
+    "/models/{name}/p99-noise",
+    summary="How much the model's own p99 moves between bake-long slices on some devices",
+)
+async def p99_noise_of(
+    name: str,
+    label: list[str] = LABELS,
+    bake_time_s: float = Query(default=300.0, gt=0, le=86400),
+    window_s: float = Query(default=3600.0, gt=0, le=7 * 86400),
+    s: AsyncSession = SESSION,
+    _: Principal = VIEWER,
+) -> Response:
+    selector = _selector(label)
+    devices = await selected_devices(s, selector)
+    now = datetime.now(UTC)
+    doc = await p99_noise(s, name, devices, slice_s=bake_time_s, window_s=window_s, now=now)
+    return json_response(doc | {"selector": selector, "window_s": window_s})
+
+
 @router.get("/rollouts/{rollout_id}", summary="One rollout with per-wave and per-device progress")
 async def show_rollout(
     rollout_id: int = ROW_ID, s: AsyncSession = SESSION, _: Principal = VIEWER
 ) -> Response:
-    doc = rollout_doc(await _rollout(s, rollout_id))
+    rollout = await _rollout(s, rollout_id)
+    doc = rollout_doc(rollout)
     phases = await device_phases(s, rollout_id)
     for device in doc["devices"]:
         device["phase"] = phases.get(device["device_id"])
+    doc["cost"] = await rollout_cost(s, rollout)
     return json_response(doc)
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
@@ -52,12 +52,30 @@ class VariantSpec(BaseModel):
     profiles: list[str] = Field(default_factory=list)
 
 
+class MlflowSource(BaseModel):
+    """The MLflow model a version's files were taken from (``models push models:/...``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["mlflow"]
+    registered_model: str = Field(min_length=1, max_length=256)
+    version: int = Field(ge=1, le=INT32_MAX)
+    """The MLflow model version (MLflow's own number, not ours)."""
+    run_id: str | None = Field(default=None, max_length=64)
+    """The run that logged the model, when MLflow knows it."""
+    alias: str | None = Field(default=None, max_length=256)
+    """The alias (``@champion``) the version was resolved through; None for ``NAME/VERSION``."""
+    tracking_uri: str = Field(default="", max_length=2000)
+    """The registry it was resolved against, without any credentials in it."""
+
+
 class VersionCreate(BaseModel):
     version: int = Field(ge=1, le=INT32_MAX)
     variants: list[VariantSpec] = Field(min_length=1)
     config: dict[str, Any] = Field(default_factory=dict)
     health: dict[str, Any] = Field(default_factory=dict)
     description: str = ""
+    source: MlflowSource | None = None
+    """Where the files come from, when not from directories: shown with the version."""
 
 
 class StageChange(BaseModel):
@@ -92,6 +110,7 @@ def version_doc(mv: ModelVersion) -> dict[str, Any]:
         "validation": mv.validation,
         "reference": mv.reference,
         "optimisation": mv.optimisation,
+        "source": mv.source,
         "uploaded_by": mv.uploaded_by,
         "created_at": stored_utc(mv.created_at).isoformat(),
     }
@@ -130,6 +149,7 @@ async def list_models(
                         "version": v.version,
                         "stage": v.stage,
                         "validated": None if v.validation is None else v.validation["passed"],
+                        "source": v.source,
                         "variants": [
                             variant_summary(variant)
                             | {
@@ -182,10 +202,13 @@ async def new_version(
         config=body.config,
         health=body.health,
         user=who.name,
+        source=body.source.model_dump() if body.source else None,
     )
     if body.description:
         (await get_model(s, name)).description = body.description
-    audit.record(s, who.name, "version.create", f"{name}:{body.version}")
+    # where the files come from, in the audit trail too: who pushed which MLflow run
+    origin = {"source": body.source.model_dump()} if body.source else {}
+    audit.record(s, who.name, "version.create", f"{name}:{body.version}", **origin)
     await s.commit()
     await s.refresh(mv, ["model"])
     return json_response(version_doc(mv), 201)
@@ -307,6 +330,7 @@ async def validate_version(
         rtol=cfg.validation_rtol,
         atol=cfg.validation_atol,
         margin=cfg.accuracy_margin,
+        reference=mv.reference,
     )
     mv.validation = report
     audit.record(s, who.name, "version.validate", f"{name}:{version}", passed=report["passed"])

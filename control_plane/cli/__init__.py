@@ -15,15 +15,22 @@ import click
 
 from common.cli import subgroup
 from control_plane.cli import (
+    accuracy,
+    agents,
+    bundles,
+    costs,
+    data,
     demo,
     deployments,
     devices,
     enrolment,
     fleet,
     keys,
+    model_sync,
     models,
     rollouts,
     service,
+    twins,
     windows,
 )
 
@@ -41,9 +48,17 @@ def register_operator_commands(root: click.Group) -> None:
     shared = subgroup(root, "models", "Model repositories and the model registry.")
     for command in models.COMMANDS:
         shared.add_command(command)
+    shared.add_command(accuracy.accuracy)
+    shared.add_command(model_sync.sync)
     root.add_command(rollouts.rollouts)
+    root.add_command(agents.agents)
+    bundle = subgroup(root, "bundle", "Offline bundles: signed updates carried to a device.")
+    bundle.add_command(bundles.create)
     root.add_command(devices.devices)
+    root.add_command(twins.twin)
     root.add_command(keys.keys)
+    root.add_command(costs.costs)
+    root.add_command(data.data)
 
 
 def register_demo(root: click.Group) -> None:

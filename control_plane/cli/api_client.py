@@ -146,6 +146,23 @@ class Api:
         return api
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        resp = self._request(method, path, **kwargs)
+        if not resp.content:
+            return None
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise click.ClickException(
+                f"{method} {path}: {self.url} answered {resp.status_code} with something that "
+                "is not JSON: is it the control plane?"
+            ) from exc
+
+    def content(self, path: str, method: str = "GET", **kwargs: Any) -> bytes:
+        """The body of a call that answers bytes, not JSON (a captured sample's archive)."""
+        body: bytes = self._request(method, path, **kwargs).content
+        return body
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         import httpx
 
         try:
@@ -162,15 +179,7 @@ class Api:
             ) from exc
         if resp.status_code >= 400:
             raise click.ClickException(self._refusal(resp))
-        if not resp.content:
-            return None
-        try:
-            return resp.json()
-        except ValueError as exc:
-            raise click.ClickException(
-                f"{method} {path}: {self.url} answered {resp.status_code} with something that "
-                "is not JSON: is it the control plane?"
-            ) from exc
+        return resp
 
     def _refusal(self, resp: Any) -> str:
         """A 4xx or 5xx as one line: status, code and the control plane's message."""

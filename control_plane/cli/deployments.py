@@ -21,9 +21,10 @@ def _line(d: dict[str, Any]) -> str:
     selector = ",".join(f"{k}={v}" for k, v in sorted(d["selector"].items())) or "every device"
     active = f", rollout {st['active_rollout']} active" if st["active_rollout"] else ""
     problem = f" ({d['problem']})" if d.get("problem") else ""
+    paused = f", paused by {d['paused_by']}" if d.get("paused") else ""
     return (
         f"{d['name']}: {d['model']} v{d['version']} to {selector}: {st['in_compliance']}/"
-        f"{st['devices']} in compliance{active}{problem}"
+        f"{st['devices']} in compliance{active}{paused}{problem}"
     )
 
 
@@ -110,6 +111,22 @@ def set_version(name: str, version: int, as_json: bool) -> None:
     click.echo(json.dumps(doc, indent=2) if as_json else _line(doc))
 
 
+def _hold(action: str, help_text: str) -> click.Command:
+    @click.command(action, help=help_text)
+    @click.argument("name")
+    @json_option
+    @connected
+    def command(name: str, as_json: bool) -> None:
+        doc = Api.connect().call("POST", f"/api/v1/deployments/{name}/{action}")
+        click.echo(json.dumps(doc, indent=2) if as_json else _line(doc))
+
+    return command
+
+
+pause = _hold("pause", "Hold a deployment: it starts no rollout, and its running one pauses.")
+resume = _hold("resume", "Let a paused deployment go on (its paused rollout too).")
+
+
 @click.command("delete")
 @click.argument("name")
 @connected
@@ -123,4 +140,6 @@ deployments.add_command(create)
 deployments.add_command(list_deployments)
 deployments.add_command(status)
 deployments.add_command(set_version)
+deployments.add_command(pause)
+deployments.add_command(resume)
 deployments.add_command(delete)

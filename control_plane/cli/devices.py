@@ -7,7 +7,9 @@ from typing import Any
 import click
 
 from control_plane.cli.api_client import Api, connected
+from control_plane.cli.device_logs import logs, support_bundle
 from control_plane.cli.io import json_document_option, key_values, print_doc
+from control_plane.cli.twins import device_twin
 from control_plane.device_view import device_lines
 
 
@@ -101,3 +103,6 @@ def label(device_id: str, labels: tuple[str, ...], as_json: bool) -> None:
 devices.add_command(list_devices)
 devices.add_command(show_device)
 devices.add_command(label)
+devices.add_command(device_twin)
+devices.add_command(logs)
+devices.add_command(support_bundle)

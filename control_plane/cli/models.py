@@ -6,6 +6,9 @@ adds :data:`COMMANDS` to it)."""
 from __future__ import annotations
 
 import json
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ import click
 from common.cli import OneLineChoice
 from control_plane.cli.api_client import Api, connected
 from control_plane.cli.io import json_document_option, print_doc, read_toml
+from control_plane.registry.mlflow_source import MlflowSourceError, source_line
 
 max_drop_option = click.option(
     "--max-accuracy-drop",
@@ -25,16 +29,24 @@ max_drop_option = click.option(
 )
 
 
-@click.command("push")
-@click.argument("name")
-@click.argument("version", type=int)
-@click.argument("variants", nargs=-1, required=True)
-@click.option(
+config_option = click.option(
     "--config",
     "config_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="TOML: serving config keys, and a [health] table for the device health window.",
 )
+mlflow_option = click.option(
+    "--mlflow-tracking-uri",
+    envvar="MLFLOW_TRACKING_URI",
+    help="The MLflow registry models:/ sources are resolved against (or MLFLOW_TRACKING_URI).",
+)
+
+
+@click.command("push")
+@click.argument("name")
+@click.argument("version", type=int)
+@click.argument("variants", nargs=-1, required=True)
+@config_option
 @click.option(
     "--reference",
     "reference_file",
@@ -47,6 +59,7 @@ max_drop_option = click.option(
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the version's document (progress: stderr)."
 )
+@mlflow_option
 @connected
 def push(
     name: str,
@@ -57,31 +70,111 @@ def push(
     max_accuracy_drop: float,
     no_optimise: bool,
     as_json: bool,
+    mlflow_tracking_uri: str | None,
 ) -> None:
     """Upload VERSION of NAME. Each VARIANT is a directory with the model file(s), optionally
-    DIR@profile1,profile2 to reserve it for hardware profiles. A pipeline's files in a
+    DIR@profile1,profile2 to reserve it for hardware profiles, or a model in an MLflow
+    registry, models:/REGISTERED/VERSION or models:/REGISTERED@ALIAS (its ONNX flavour's
+    file; docs/model-quality.md). A pipeline's files in a
     directory (pipeline.toml, pipeline_golden.npz, *.txt, *.py) go with its variant.
     golden.npz and validation.npz are taken from the first directory that has them. A
     generative model's folder (genai_config.json, its decoder, tokenizer files) is one variant
     of format genai, every file of it uploaded."""
+    from control_plane.registry.mlflow_source import MlflowRegistry, ModelRef, is_model_uri
+
+    config, health = serving_config(config_file)
+    directories: list[tuple[Path, tuple[str, ...]]] = []
+    source, shown = None, {}
+    for item in variants:  # every source resolved before the version exists
+        if not is_model_uri(item):
+            path, _, profiles = item.partition("@")
+            directories.append((Path(path), tuple(p for p in profiles.split(",") if p)))
+            continue
+        if source is not None:
+            raise click.BadParameter("one models:/ source per version", param_hint="VARIANTS")
+        scratch = click.get_current_context().with_resource(tempfile.TemporaryDirectory())
+        with mlflow_errors():
+            ref = ModelRef.parse(item)
+            registry = MlflowRegistry(mlflow_tracking_uri)
+            staged = registry.stage(ref, registry.resolve(ref), Path(scratch))
+        directories += staged.variants
+        source = staged.source
+        shown = {d: ref.uri for d, _ in staged.variants}
+    api = Api.connect()
+    upload_version(
+        api,
+        name,
+        version,
+        directories,
+        config=config,
+        health=health,
+        source=source,
+        as_json=as_json,
+        shown=shown,
+    )
+    if reference_file:
+        with reference_file.open("rb") as fh:
+            api.call("PUT", f"/api/v1/models/{name}/versions/{version}/reference", content=fh)
+        click.echo(f"uploaded {reference_file} (reference set)", err=as_json)
+        if not no_optimise:
+            report = api.call(
+                "POST",
+                f"/api/v1/models/{name}/versions/{version}/optimise",
+                json={"max_accuracy_drop": max_accuracy_drop},
+            )
+            echo_optimisation(report, err=as_json)
+    if as_json:
+        print_doc(api.call("GET", f"/api/v1/models/{name}/versions/{version}"), True)
+
+
+@contextmanager
+def mlflow_errors() -> Iterator[None]:
+    """A ``models:/`` source's failure as this command's one-line error."""
+    try:
+        yield
+    except MlflowSourceError as exc:
+        raise click.ClickException(exc.message) from exc
+
+
+def serving_config(config_file: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``--config``'s serving keys and its [health] table."""
     config = read_toml(config_file, "--config") if config_file else {}
     health = config.pop("health", {})
     if not isinstance(health, dict):
         message = f"{config_file}: [health] is not a table"
         raise click.BadParameter(message, param_hint="--config")
+    return config, health
+
+
+def upload_version(
+    api: Api,
+    name: str,
+    version: int,
+    directories: list[tuple[Path, tuple[str, ...]]],
+    *,
+    config: dict[str, Any],
+    health: dict[str, Any],
+    source: dict[str, Any] | None,
+    as_json: bool,
+    shown: dict[Path, str] | None = None,
+) -> None:
+    """Create VERSION of NAME from variant directories (each checked first) and upload their
+    files, golden.npz and validation.npz. ``shown``: what to call a directory in the progress
+    lines (a staged MLflow model's scratch folder by its URI)."""
+
+    def called(f: Path) -> str:
+        return f"{(shown or {})[f.parent]}: {f.name}" if f.parent in (shown or {}) else str(f)
+
     specs, dirs = [], []
-    for item in variants:  # every directory checked before the version exists
-        path, _, profiles = item.partition("@")
-        directory = Path(path)
-        fmt_name, files = _variant_files(directory)
-        specs.append({"format": fmt_name, "profiles": [p for p in profiles.split(",") if p]})
+    for directory, profiles in directories:
+        fmt_name, files = variant_files(directory)
+        specs.append({"format": fmt_name, "profiles": list(profiles)})
         dirs.append((directory, files))
-    api = Api.connect()
-    api.call(
-        "POST",
-        f"/api/v1/models/{name}/versions",
-        json={"version": version, "variants": specs, "config": config, "health": health},
-    )
+    body: dict[str, Any] = {"version": version, "variants": specs, "config": config}
+    body["health"] = health
+    if source is not None:
+        body["source"] = source
+    api.call("POST", f"/api/v1/models/{name}/versions", json=body)
     try:
         for index, (_, files) in enumerate(dirs):
             for f in files:
@@ -92,7 +185,7 @@ def push(
                         content=fh,
                     )
                 click.echo(
-                    f"uploaded {f} ({done['size']} bytes, sha256 {done['sha256'][:12]})",
+                    f"uploaded {called(f)} ({done['size']} bytes, sha256 {done['sha256'][:12]})",
                     err=as_json,
                 )
         for sample, route in (("golden.npz", "golden"), ("validation.npz", "validation-data")):
@@ -100,46 +193,21 @@ def push(
             if found:
                 with found.open("rb") as fh:
                     api.call("PUT", f"/api/v1/models/{name}/versions/{version}/{route}", content=fh)
-                click.echo(f"uploaded {found}", err=as_json)
-        if reference_file:
-            with reference_file.open("rb") as fh:
-                api.call("PUT", f"/api/v1/models/{name}/versions/{version}/reference", content=fh)
-            click.echo(f"uploaded {reference_file} (reference set)", err=as_json)
+                click.echo(f"uploaded {called(found)}", err=as_json)
     except OSError as exc:  # a file that went away, or cannot be read, since the check
         raise click.ClickException(f"cannot read {exc.filename}: {exc.strerror}") from exc
-    if reference_file and not no_optimise:
-        report = api.call(
-            "POST",
-            f"/api/v1/models/{name}/versions/{version}/optimise",
-            json={"max_accuracy_drop": max_accuracy_drop},
-        )
-        echo_optimisation(report, err=as_json)
-    if as_json:
-        print_doc(api.call("GET", f"/api/v1/models/{name}/versions/{version}"), True)
 
 
-def _variant_files(directory: Path) -> tuple[str, list[Path]]:
-    """A variant directory's format and the files that go with it (the model file last, so
-    that it completes the variant), or a BadParameter naming what is wrong."""
-    from common.pipeline_config import PIPELINE_FILES
+def variant_files(directory: Path) -> tuple[str, list[Path]]:
+    """:func:`control_plane.registry.variant_dirs.variant_files`, or a BadParameter naming
+    what is wrong."""
+    from control_plane.registry.variant_dirs import variant_files as read_variant
     from runtimes.errors import ModelFileError
-    from runtimes.formats import GENAI_CONFIG, GENAI_FORMAT, find_model_file
 
-    if (directory / GENAI_CONFIG).is_file():
-        samples = {"golden.npz", "validation.npz"}  # the version's, uploaded on their own
-        files = sorted(f for f in directory.iterdir() if f.is_file() and f.name not in samples)
-        # the config last: the variant is complete (and its signature read) once it is in
-        return GENAI_FORMAT, [f for f in files if f.name != GENAI_CONFIG] + [
-            directory / GENAI_CONFIG
-        ]
     try:
-        model_file, fmt = find_model_file(directory)
+        return read_variant(directory)
     except (ModelFileError, OSError) as exc:
         raise click.BadParameter(str(exc), param_hint="VARIANTS") from exc
-    # a pipeline's files first: the model file completes the variant
-    files = sorted(f for f in directory.iterdir() if PIPELINE_FILES.match(f.name))
-    files += [model_file] + ([model_file.with_suffix(".bin")] if fmt.value == "openvino_ir" else [])
-    return fmt.value, files
 
 
 @click.command("list")
@@ -161,6 +229,8 @@ def list_models(archived: bool, as_json: bool) -> None:
         )
         click.echo(f"{m['name']}: {versions}")
         for v in m["versions"]:
+            if v.get("source"):
+                click.echo(f"  v{v['version']} from {source_line(v['source'])}")
             for i, variant in enumerate(v["variants"]):
                 if variant["kind"] != "fp32" or variant.get("measured"):
                     click.echo(f"  v{v['version']} variant {i}: {variant_line(variant)}")

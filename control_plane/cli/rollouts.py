@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -10,7 +11,7 @@ import click
 from control_plane.cli.api_client import Api, connected
 from control_plane.cli.io import json_document_option, key_values, print_doc
 from control_plane.db.states import FINISHED
-from control_plane.status_view import status_lines
+from control_plane.status_view import status_lines, subject_words
 
 
 @click.group("rollouts")
@@ -19,8 +20,14 @@ def rollouts() -> None:
 
 
 @click.command("create")
-@click.option("--model", required=True)
-@click.option("--version", type=int, required=True)
+@click.option("--model", help="The model to roll out (with --version).")
+@click.option("--version", type=int, help="The model's version.")
+@click.option(
+    "--agent",
+    "agent_version",
+    help="Roll out this agent release (edgefleet agents push) instead of a model: each "
+    "device's launcher puts it on trial; a wave passes when its devices committed it.",
+)
 @click.option("--selector", multiple=True, help="label=value (repeatable)")
 @click.option("--profile", "profiles", multiple=True)
 @click.option("--waves", default="1,10%,50%,100%", show_default=True)
@@ -56,6 +63,20 @@ def rollouts() -> None:
     "threshold. Off by default.",
 )
 @click.option(
+    "--max-accuracy-drop",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    help="Pause (not roll back) when the version's live accuracy, from the outcomes apps "
+    "post, falls more than this share below the version it replaces (0.05: five points). "
+    "Off by default.",
+)
+@click.option(
+    "--min-outcomes",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Outcomes each version needs before --max-accuracy-drop judges.",
+)
+@click.option(
     "--shadow",
     "shadow_share",
     type=float,
@@ -77,8 +98,9 @@ def rollouts() -> None:
 )
 @connected
 def create(
-    model: str,
-    version: int,
+    model: str | None,
+    version: int | None,
+    agent_version: str | None,
     selector: tuple[str, ...],
     profiles: tuple[str, ...],
     waves: str,
@@ -92,16 +114,20 @@ def create(
     max_rejections: int,
     allow_unjudged: bool,
     max_drift: float | None,
+    max_accuracy_drop: float | None,
+    min_outcomes: int,
     shadow_share: float | None,
     min_agreement: float,
     shadow_min_requests: int,
     shadow_timeout: float,
     as_json: bool,
 ) -> None:
-    """Start a staged rollout."""
+    """Start a staged rollout of a model version (--model, --version) or of an agent release
+    (--agent)."""
+    # what is missing, or given with --agent, the control plane names (a 400)
+    subject = {"model": model, "version": version, "agent_version": agent_version}
     spec: dict[str, Any] = {
-        "model": model,
-        "version": version,
+        **{k: v for k, v in subject.items() if v is not None},
         "selector": key_values(selector, "--selector", "label=value"),
         "profiles": list(profiles),
         "waves": waves.split(","),
@@ -114,6 +140,8 @@ def create(
             "max_rejections": max_rejections,
             "allow_unjudged": allow_unjudged,
             "max_drift": max_drift,
+            "max_accuracy_drop": max_accuracy_drop,
+            "min_outcomes": min_outcomes,
             "max_ttft_p99_ms": max_ttft_p99_ms,
             "max_inter_token_p99_ms": max_inter_token_p99_ms,
         },
@@ -154,7 +182,7 @@ def list_rollouts(limit: int, before: int | None, as_json: bool) -> None:
         return
     for r in doc:
         click.echo(
-            f"rollout {r['id']}: {r['model']} v{r['version']} {r['state']}"
+            f"rollout {r['id']}: {subject_words(r)} {r['state']}"
             + (f" ({r['reason']})" if r["reason"] else "")
             + f", {sum(w['devices'] for w in r['waves'])} devices, created {r['created_at']}"
         )
@@ -176,17 +204,33 @@ def status(rollout_id: int, watch: bool, as_json: bool) -> None:
     if not watch:
         _show(doc)
         return
+    if sys.stdout.isatty():
+        doc = _redrawn(api, doc)
+    else:  # a pipe or a file: each new picture once, as lines
+        shown = status_lines(doc)
+        click.echo("\n".join(shown))
+        while doc["state"] not in FINISHED:
+            time.sleep(1)
+            doc = api.call("GET", f"/api/v1/rollouts/{rollout_id}")
+            if (lines := status_lines(doc)) != shown:
+                click.echo("\n".join(lines))
+                shown = lines
+    click.echo(
+        f"rollout {rollout_id}: {doc['state']}" + (f": {doc['reason']}" if doc["reason"] else "")
+    )
+
+
+def _redrawn(api: Api, doc: dict[str, Any]) -> dict[str, Any]:
+    """Redraw the rollout in place every second until it ends; its last document."""
     from rich.live import Live
     from rich.text import Text
 
     with Live(Text("\n".join(status_lines(doc))), auto_refresh=False) as live:
         while doc["state"] not in FINISHED:
             time.sleep(1)
-            doc = api.call("GET", f"/api/v1/rollouts/{rollout_id}")
+            doc = api.call("GET", f"/api/v1/rollouts/{doc['id']}")
             live.update(Text("\n".join(status_lines(doc))), refresh=True)
-    click.echo(
-        f"rollout {rollout_id}: {doc['state']}" + (f": {doc['reason']}" if doc["reason"] else "")
-    )
+    return doc
 
 
 def _show(doc: dict[str, Any]) -> None:

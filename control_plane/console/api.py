@@ -40,6 +40,10 @@ class ConsoleApi:
             raise ApiRefused(resp.status_code, message, code)
         return resp
 
+    async def content(self, path: str) -> bytes:
+        """The body of a GET that answers bytes, not JSON (a device's logs)."""
+        return (await self._send("GET", path)).content
+
     async def get(self, path: str, **params: Any) -> Any:
         return await self.call("GET", path, params={k: v for k, v in params.items() if v})
 

@@ -1,6 +1,7 @@
 """Deployment pages: the list with each one's compliance, the form that creates one, one
-deployment's devices, the change of its version and its deletion. Each change is the API's
-own route (``control_plane.api.deployments``), called with the operator's token."""
+deployment's devices, the change of its version, its pause and resume, and its deletion. Each
+change is the API's own route (``control_plane.api.deployments``), called with the operator's
+token."""
 
 from __future__ import annotations
 
@@ -90,6 +91,23 @@ async def change_version(request: Request, name: str, who: Operator = OPERATOR) 
             return await _one_page(request, who, name, exc.status, f"{exc.status}: {exc.message}")
         except ApiRefused:  # no page to show it on (no such deployment): the refusal alone
             raise exc from None
+    return redirect(f"/ui/deployments/{quote(name, safe='')}")
+
+
+@router.post("/deployments/{name}/pause")
+async def pause(request: Request, name: str, who: Operator = OPERATOR) -> Response:
+    return await _hold(request, name, who, "pause")
+
+
+@router.post("/deployments/{name}/resume")
+async def resume(request: Request, name: str, who: Operator = OPERATOR) -> Response:
+    return await _hold(request, name, who, "resume")
+
+
+async def _hold(request: Request, name: str, who: Operator, action: str) -> Response:
+    """The API's route says what else follows (its running rollout pauses or goes on)."""
+    await form(request, who)
+    await who.api.call("POST", f"{_path(name)}/{action}")
     return redirect(f"/ui/deployments/{quote(name, safe='')}")
 
 

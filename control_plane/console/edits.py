@@ -1,6 +1,7 @@
-"""Changes to what the read-only pages show: a device's operator labels (on its page) and a
-model version's stage (on the version's page). Each is the API's own route, called with the
-operator's token; the page it came from shows the API's refusal."""
+"""Changes to what the read-only pages show: a device's operator labels (on its page), and a
+model version's stage, validation, optimised variants and the discard of an unfinished push
+(on the version's page). Each is the API's own route, called with the operator's token; the
+page it came from shows the API's refusal."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from control_plane.console.forms import one, pairs
-from control_plane.console.web import OPERATOR, BadForm, Operator, form, redirect
+from control_plane.console.web import OPERATOR, BadForm, Operator, confirmation, form, redirect
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 STAGES = ("candidate", "production", "retired", "archived")
@@ -70,3 +71,47 @@ async def set_stage(
     body: dict[str, Any] = {"stage": stage}
     await who.api.call("POST", f"/api/v1{here}/stage", json=body)
     return redirect(f"/ui{here}")
+
+
+@router.post("/models/{name}/versions/{version}/validate")
+async def validate(request: Request, name: str, version: int, who: Operator = OPERATOR) -> Response:
+    await form(request, who)
+    here = f"/models/{quote(name, safe='')}/versions/{version}"
+    await who.api.call("POST", f"/api/v1{here}/validate")
+    return redirect(f"/ui{here}")
+
+
+@router.post("/models/{name}/versions/{version}/optimise")
+async def optimise(request: Request, name: str, version: int, who: Operator = OPERATOR) -> Response:
+    fields = await form(request, who)
+    try:
+        drop = float(one(fields, "max_accuracy_drop") or "0.01")
+    except ValueError:
+        raise BadForm(400, "max_accuracy_drop: a fraction, 0.01 for one point") from None
+    here = f"/models/{quote(name, safe='')}/versions/{version}"
+    await who.api.call("POST", f"/api/v1{here}/optimise", json={"max_accuracy_drop": drop})
+    return redirect(f"/ui{here}")
+
+
+@router.get("/models/{name}/versions/{version}/confirm/discard")
+async def confirm_discard(
+    request: Request, name: str, version: int, who: Operator = OPERATOR
+) -> Response:
+    here = f"/ui/models/{quote(name, safe='')}/versions/{version}"
+    return confirmation(
+        request,
+        who,
+        title=f"Discard {name} v{version}?",
+        meaning="Its files are missing: the unfinished push goes, and its number is free for "
+        "the next push. A complete version cannot be discarded (archive it instead).",
+        action=f"{here}/discard",
+        back=here,
+        button="Discard the push",
+    )
+
+
+@router.post("/models/{name}/versions/{version}/discard")
+async def discard(request: Request, name: str, version: int, who: Operator = OPERATOR) -> Response:
+    await form(request, who)
+    await who.api.call("DELETE", f"/api/v1/models/{quote(name, safe='')}/versions/{version}")
+    return redirect("/ui/models")

@@ -71,6 +71,8 @@ GATES = (
     "min_requests",
     "max_rejections",
     "max_drift",
+    "max_accuracy_drop",
+    "min_outcomes",
     "max_ttft_p99_ms",
     "max_inter_token_p99_ms",
 )

@@ -22,11 +22,10 @@ async def overview(request: Request, who: Operator = OPERATOR) -> Response:
     summary = await who.api.get("/api/v1/devices/summary")  # counted by the database
     rollouts = await who.api.get("/api/v1/rollouts", limit=50)
     counts = views.fleet_counts(summary)
-    drifts = [
-        d
-        for model, versions in counts.versions.items()
-        for version in versions
-        if (d := await _drift(who, model, version)) is not None
+    served = [(m, v) for m, versions in counts.versions.items() for v in versions]
+    drifts = [d for m, v in served if (d := await _registered(who, m, v, "drift")) is not None]
+    accuracies = [
+        a for m, v in served if (a := await _registered(who, m, v, "accuracy")) is not None
     ]
     return render(
         request,
@@ -35,22 +34,22 @@ async def overview(request: Request, who: Operator = OPERATOR) -> Response:
         counts=counts,
         presences=views.PRESENCES,
         rollouts=views.active_rollouts(rollouts),
-        alerts=views.attention(counts, rollouts, drifts, datetime.now(UTC)),
+        alerts=views.attention(counts, rollouts, drifts, datetime.now(UTC), accuracies),
     )
 
 
-async def _drift(who: Operator, model: str, version: int) -> dict[str, Any] | None:
-    """A served version's drift, or None for one the registry does not hold (a version a
-    device brought with it, never pushed)."""
+async def _registered(who: Operator, model: str, version: int, what: str) -> dict[str, Any] | None:
+    """A served version's ``drift`` or ``accuracy`` document, or None for one the registry
+    does not hold (a version a device brought with it, never pushed)."""
     try:
         doc: dict[str, Any] = await who.api.get(
-            f"/api/v1/models/{quote(model, safe='')}/versions/{version}/drift"
+            f"/api/v1/models/{quote(model, safe='')}/versions/{version}/{what}"
         )
     except ApiRefused as exc:
         if exc.status != 404:
             raise
         return None
-    return doc
+    return doc | {"model": model, "version": version}
 
 
 @router.get("/devices")
@@ -60,6 +59,7 @@ async def devices(
     profile: str = "",
     presence: str = "",
     model: str = Query(default="", description="model or model:version"),
+    agent: str = Query(default="", description="degraded or rolled_back"),
     after: str = Query(default="", max_length=128, description="the API's cursor"),
     page: int = Query(default=1, ge=1, le=10**6, description="the page's number, as shown"),
     who: Operator = OPERATOR,
@@ -73,7 +73,15 @@ async def devices(
     except ValueError as exc:
         raise BadForm(400, str(exc)) from exc
     version = None if number is None else str(number)  # "0" too: the client drops falsy values
-    filters = {"label": labels, "profile": profile, "presence": presence, "model": served}
+    if agent and agent not in views.AGENT_STATES:
+        raise BadForm(400, f"agent: one of {', '.join(views.AGENT_STATES)}, not {agent!r}")
+    filters = {
+        "label": labels,
+        "profile": profile,
+        "presence": presence,
+        "model": served,
+        "agent": agent,
+    }
     found, next_after = await who.api.page(
         "/api/v1/devices",
         **filters,
@@ -82,7 +90,7 @@ async def devices(
         after=after,
     )
     matching = await who.api.get("/api/v1/devices/summary", **filters, model_version=version)
-    filtered = any((label, profile, presence, model))
+    filtered = any((label, profile, presence, model, agent))
     everyone = await who.api.get("/api/v1/devices/summary") if filtered else matching
     return render(
         request,
@@ -94,7 +102,13 @@ async def devices(
             sum(r["devices"] for r in matching["presence"]),
             next_after,
         ),
-        filters={"label": label, "profile": profile, "presence": presence, "model": model},
+        filters={
+            "label": label,
+            "profile": profile,
+            "presence": presence,
+            "model": model,
+            "agent": agent,
+        },
         presences=views.PRESENCES,
         profiles=sorted({r["hardware_profile"] for r in everyone["presence"]} - {None}),
     )
@@ -105,11 +119,14 @@ async def device(request: Request, device_id: str, who: Operator = OPERATOR) -> 
     path = f"/api/v1/devices/{quote(device_id, safe='')}"
     doc = await who.api.get(path)
     events = await who.api.get(f"{path}/events", limit=50)
+    # logs and bundles are an operator's: a viewer's page neither lists nor asks for them
+    asked = (await who.api.get(f"{path}/diagnostics"))["requests"] if who.can_act else []
     return render(
         request,
         "device.html",
         who,
         device=doc,
+        diagnostics=asked,
         summary=device_lines(doc),
         history=views.history_rows(events),
         refresh_s=refresh_s(request),
@@ -135,4 +152,8 @@ async def model_version(
 ) -> Response:
     doc = await who.api.get(f"/api/v1/models/{name}/versions/{version}")
     drift = await who.api.get(f"/api/v1/models/{name}/versions/{version}/drift")
-    return render(request, "model_version.html", who, mv=doc, drift=drift)
+    cost = await who.api.get(f"/api/v1/models/{name}/versions/{version}/cost")
+    accuracy = await who.api.get(f"/api/v1/models/{name}/versions/{version}/accuracy")
+    return render(
+        request, "model_version.html", who, mv=doc, drift=drift, cost=cost, accuracy=accuracy
+    )

@@ -4,6 +4,7 @@ devices it would reach) and the confirmed actions. Each change is the API's own 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
@@ -117,6 +118,35 @@ async def preview(
         if not after:
             break
     return render(request, "_preview.html", who, count=count, shown=shown[:PREVIEW_DEVICES])
+
+
+@router.get("/rollouts/noise")
+async def noise(
+    request: Request,
+    model: str = "",
+    selector: str = "",
+    bake_time_s: str = "",
+    max_p99_ratio: str = "",
+    who: Operator = OPERATOR,
+) -> Response:
+    """A warning when the p99 gate is likely to trip on the fleet's own p99 swings (an htmx
+    part; empty when it is not, or when the form cannot say yet)."""
+    try:
+        labels = pairs(selector)
+        bake, limit = float(bake_time_s), float(max_p99_ratio)
+    except (BadForm, ValueError):
+        return render(request, "_noise.html", who, noise=None, limit=None)
+    if not model or bake <= 0 or limit <= 0:
+        return render(request, "_noise.html", who, noise=None, limit=None)
+    doc = await who.api.get(
+        f"/api/v1/models/{quote(model, safe='')}/p99-noise",
+        label=[f"{k}={v}" for k, v in labels.items()],
+        bake_time_s=bake,
+    )
+    ratio = doc["worst_ratio"]
+    # warned from 80 % of the limit: one more swing like the worst one trips it
+    tripping = ratio is not None and doc["slices"] > 1 and ratio >= 0.8 * limit
+    return render(request, "_noise.html", who, noise=doc if tripping else None, limit=limit)
 
 
 @router.post("/rollouts")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,6 +30,12 @@ class FleetCounts:
     by_label: dict[str, Counter[str]]
     versions: dict[str, Counter[int]]
     """Devices serving each version, per model."""
+    agents: Counter[str] = field(default_factory=Counter)
+    """Devices whose agent is ``degraded`` or went back from a release (``rolled_back``)."""
+
+
+AGENT_STATES = ("degraded", "rolled_back")
+"""The devices page's ``agent`` filter (the API's ``AgentState``)."""
 
 
 def fleet_counts(summary: dict[str, Any]) -> FleetCounts:
@@ -51,6 +57,7 @@ def fleet_counts(summary: dict[str, Any]) -> FleetCounts:
         dict(sorted(by_profile.items())),
         {k: by_label[k] for k in sorted(common)},
         {m: Counter(dict(sorted(v.items()))) for m, v in sorted(versions.items())},
+        Counter(summary.get("agents", {})),
     )
 
 
@@ -192,10 +199,12 @@ def attention(
     rollouts: Iterable[dict[str, Any]],
     drifts: Iterable[dict[str, Any]],
     now: datetime,
+    accuracies: Iterable[dict[str, Any]] = (),
 ) -> list[Alert]:
     """What an operator should look at first: rollouts that rolled back in the last day (of
-    those given, the newest first), offline and silent devices, and model versions whose input
-    drift is over the threshold (the fleet's, or a device's)."""
+    those given, the newest first), offline and silent devices, model versions whose input
+    drift is over the threshold (the fleet's, or a device's), and those whose live accuracy
+    fell past the concept-drift threshold below their reference's."""
     alerts = [
         Alert(
             "rollback",
@@ -215,6 +224,14 @@ def attention(
             alerts.append(
                 Alert(presence, f"{n} devices {meaning}", f"/ui/devices?presence={presence}")
             )
+    for state, meaning in (
+        ("degraded", "whose agent crash-loops (degraded): restarted, not yet stable"),
+        ("rolled_back", "went back from an agent release (rolled back)"),
+    ):
+        if n := counts.agents[state]:
+            alerts.append(
+                Alert(f"agent_{state}", f"{n} devices {meaning}", f"/ui/devices?agent={state}")
+            )
     for d in drifts:
         over = [x for x in d["devices"] if x["over_threshold"]]
         fleet_over = bool(d["fleet"] and d["fleet"]["over_threshold"])
@@ -226,6 +243,18 @@ def attention(
                     f"{d['model']} v{d['version']}: {where} input drift over PSI "
                     f"{d['psi_threshold']:g}",
                     f"/ui/models/{d['model']}/versions/{d['version']}",
+                )
+            )
+    for a in accuracies:
+        drift = a["concept_drift"]
+        if drift["over_threshold"]:
+            alerts.append(
+                Alert(
+                    "concept_drift",
+                    f"{a['model']} v{a['version']}: live accuracy {drift['accuracy']:.1%}, "
+                    f"{drift['drop']:.1%} below the reference's "
+                    f"{drift['reference_accuracy']:.1%} (concept drift)",
+                    f"/ui/models/{a['model']}/versions/{a['version']}",
                 )
             )
     return alerts
@@ -254,6 +283,7 @@ REJECTION_WORDS = {
     Rejection.FLEET_COMMAND: "the control plane asked for it (a rollback or an abort)",
     Rejection.NOTHING_TO_ROLL_BACK: "there was no earlier version to go back to",
     Rejection.SUPERSEDED: "a newer update replaced this one",
+    Rejection.NO_LAUNCHER: "the agent does not run under the launcher, so it cannot update itself",
 }
 """Each code a device reports with a rejection or a rollback, in plain words."""
 

@@ -89,14 +89,19 @@ async def operator(request: Request) -> Operator:
 OPERATOR = Depends(operator)
 
 
-async def form(request: Request, who: Operator | None = None) -> dict[str, list[str]]:
-    """An url-encoded form, its CSRF token checked when it comes from a logged-in page. A
-    form that another site's page sent (its ``Origin`` is not this server) is refused, the
-    login included."""
+def same_site(request: Request) -> None:
+    """Refuse a form that another site's page sent (its ``Origin`` is not this server)."""
     origin = request.headers.get("origin")
     # a page of another site sends its own origin, or "null" (a sandbox, no-referrer)
     if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
         raise BadForm(403, "the form was sent from another site")
+
+
+async def form(request: Request, who: Operator | None = None) -> dict[str, list[str]]:
+    """An url-encoded form, its CSRF token checked when it comes from a logged-in page. A
+    form that another site's page sent (its ``Origin`` is not this server) is refused, the
+    login included."""
+    same_site(request)
     body = b""
     async for chunk in request.stream():
         body += chunk
@@ -180,16 +185,32 @@ def mount(app: FastAPI) -> None:
     """Serve the console under ``/ui/`` on ``app``'s own server."""
     from control_plane.console import (
         deployments,
+        device_logs,
         edits,
         enrolment,
+        fleet_admin,
+        mlflow_sync,
+        pages,
+        rollouts,
+        telemetry,
+        uploads,
+        windows,
+    )
+
+    app.state.console = Console(app)
+    parts = (
+        deployments,
+        device_logs,
+        edits,
+        enrolment,
+        fleet_admin,
+        uploads,
+        mlflow_sync,
         pages,
         rollouts,
         telemetry,
         windows,
     )
-
-    app.state.console = Console(app)
-    parts = (deployments, edits, enrolment, pages, rollouts, telemetry, windows)
     for part in (router, *(p.router for p in parts)):
         app.include_router(part)
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="console-static")

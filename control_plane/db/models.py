@@ -17,6 +17,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -93,6 +94,9 @@ class ModelVersion(Base):
     """The reference set (reference.npz: inputs with labels or expected outputs)."""
     optimisation: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     """The last optimisation report: each kind of variant built, refused or unavailable."""
+    source: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """Where the files came from when not from directories: {kind: "mlflow",
+    registered_model, version, run_id, alias, tracking_uri} (migration 0021)."""
     uploaded_by: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime]
     model: Mapped[Model] = relationship(back_populates="versions")
@@ -105,6 +109,27 @@ class Artifact(Base):
 
     sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
     size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime]
+
+
+AGENT_KEY = "@agent"
+"""The key of an agent release's manifest in :attr:`Device.desired` and of its rollouts'
+``model``: no model can be called so (a model name is letters, digits, '.', '_', '-')."""
+
+
+class AgentRelease(Base):
+    """An agent release in the registry: a release tree's ``.tar.gz`` stored by digest."""
+
+    __tablename__ = "agent_releases"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[str] = mapped_column(String(64), unique=True)
+    sequence: Mapped[int] = mapped_column(BigInteger, unique=True)
+    """Fleet-wide and increasing: the devices' anti-rollback line for agent releases."""
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    description: Mapped[str] = mapped_column(Text, default="")
+    uploaded_by: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime]
 
 
@@ -129,6 +154,12 @@ class Device(Base):
     that predates the field)."""
     desired: Mapped[dict[str, Any]] = mapped_column(default=dict)
     """Per model, the signed manifest envelope this device should converge to."""
+    launcher: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """What the launcher under the agent last said (a ``LauncherReport``); None: none."""
+    twin_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """The version of the last config twin signed for this device (0: none yet)."""
+    twin_reported: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """What the device last said of its config twin (a ``TwinReport``); None: nothing."""
 
     @property
     def labels(self) -> dict[str, str]:
@@ -168,6 +199,9 @@ class Rollout(Base):
     trace: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     """Its OpenTelemetry trace context and the ids of its spans still open
     (:mod:`control_plane.rollouts.tracing`); none when not traced."""
+    agent_version: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """An agent release's rollout: the release's version (``model`` is then
+    :data:`AGENT_KEY`, ``version`` the release's sequence); none for a model's."""
     devices: Mapped[list[RolloutDevice]] = relationship(
         back_populates="rollout", order_by="RolloutDevice.position"
     )
@@ -246,6 +280,8 @@ class TelemetrySample(Base):
     """A generative version's p99 time between tokens over the window."""
     cost_per_1k_tokens: Mapped[float | None] = mapped_column(Float, nullable=True)
     """The device's cost over the window per thousand tokens the version generated."""
+    busy_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    """The device time the version's batches took in the window (its share of the device)."""
 
 
 class DeviceSample(Base):
@@ -282,6 +318,22 @@ class TelemetryRollup(Base):
     errors: Mapped[int] = mapped_column(BigInteger)
     rows: Mapped[int] = mapped_column(BigInteger)
     p99_ms_max: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class CostRate(Base):
+    """What an hour of a device costs, set by an operator: for the devices with a label
+    (``kind`` ``label``, ``key`` ``name=value``), of a hardware profile (``profile``, the
+    profile's name), or every other device (``default``, key ``*``)."""
+
+    __tablename__ = "cost_rates"
+    __table_args__ = (UniqueConstraint("kind", "key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    key: Mapped[str] = mapped_column(String(2 * NAME_LENGTH + 1))
+    per_hour: Mapped[float] = mapped_column(Float)
+    updated_by: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    updated_at: Mapped[datetime]
 
 
 class UpdateEventRecord(Base):
@@ -404,6 +456,9 @@ class Deployment(Base):
     created_by: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    paused_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    """Who paused it (none: not paused): it starts no rollout, and its running one is paused."""
+    paused_at: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
 class MaintenanceWindow(Base):
@@ -422,6 +477,23 @@ class MaintenanceWindow(Base):
     """IANA name (Europe/Paris): the cron fields are read in its local time, DST included."""
     created_by: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime]
+
+
+class ConfigTwinRow(Base):
+    """Desired settings and application keys for one device or a label group
+    (:mod:`control_plane.twins`)."""
+
+    __tablename__ = "config_twins"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target: Mapped[str] = mapped_column(String(512), unique=True)
+    """``device:<id>`` or ``labels:<k=v,...>`` (sorted): one row per target."""
+    device_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    selector: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    app: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    updated_by: Mapped[str] = mapped_column(String(128))
+    updated_at: Mapped[datetime]
 
 
 class LeaderLease(Base):
@@ -468,6 +540,61 @@ class ShadowReportRecord(Base):
     rel_error_sum: Mapped[float] = mapped_column(Float)
     candidate_ms_sum: Mapped[float] = mapped_column(Float)
     serving_ms_sum: Mapped[float] = mapped_column(Float)
+
+
+class GroundTruthRecord(Base):
+    """One telemetry window's outcomes of one label group of a model version on one device:
+    the sums of :class:`~common.protocol.ground_truth.OutcomeGroup`, summed again over time
+    buckets, devices and versions (:mod:`control_plane.quality.accuracy`)."""
+
+    __tablename__ = "ground_truth"
+    __table_args__ = (
+        UniqueConstraint(
+            "time", "device_id", "seq", "model", "version", "label", name="uq_ground_truth_window"
+        ),
+        Index("ix_ground_truth_version", "model", "version", "received_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    device_id: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    time: Mapped[datetime]
+    """The window's time, by the device's clock."""
+    received_at: Mapped[datetime]
+    model: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    version: Mapped[int] = mapped_column(Integer)
+    task: Mapped[str] = mapped_column(String(32))
+    label: Mapped[int] = mapped_column(Integer)
+    """The true class; -1 for a regression's outcomes."""
+    outcomes: Mapped[int] = mapped_column(Integer)
+    correct: Mapped[int] = mapped_column(Integer)
+    abs_error_sum: Mapped[float] = mapped_column(Float)
+    squared_error_sum: Mapped[float] = mapped_column(Float)
+
+
+class CapturedSampleRecord(Base):
+    """One sample a device captured for retraining (docs/model-quality.md, "Data capture"):
+    its tensors as the ``.npz`` archive the device sent, at most
+    :data:`~common.protocol.capture.MAX_SAMPLE_BYTES`. Stored once per (device, sample id)."""
+
+    __tablename__ = "captured_samples"
+    __table_args__ = (
+        UniqueConstraint("device_id", "sample_id", name="uq_captured_samples_device_sample"),
+        Index("ix_captured_samples_version", "model", "version", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    device_id: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    sample_id: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    version: Mapped[int] = mapped_column(Integer)
+    captured_at: Mapped[datetime]
+    """By the device's clock."""
+    received_at: Mapped[datetime]
+    trigger: Mapped[str] = mapped_column(String(32))
+    rows: Mapped[int] = mapped_column(Integer)
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class VariantSpeedRecord(Base):
@@ -541,3 +668,29 @@ class DriftSketch(Base):
     sketch: Mapped[dict[str, Any]] = mapped_column(JSON)
     """Each input's relative accuracy and each feature's bins, count and total."""
     updated_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class DeviceDiagnostic(Base):
+    """An operator's request for a device's logs or support bundle, and its answer as the
+    device uploaded it (docs/operations.md, "Seeing a device's logs"): at most
+    :data:`~common.protocol.diagnostics.MAX_DIAGNOSTIC_BYTES`, appended chunk by chunk."""
+
+    __tablename__ = "device_diagnostics"
+    __table_args__ = (Index("ix_device_diagnostics_device", "device_id", "requested_at"),)
+
+    id: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    """The signed command's ``command_id``."""
+    device_id: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    kind: Mapped[str] = mapped_column(String(32))
+    """``logs`` or ``support-bundle``."""
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    requested_by: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    requested_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    state: Mapped[str] = mapped_column(String(16))
+    """``pending``, ``uploading``, ``complete`` or ``failed``."""
+    total_bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    received_bytes: Mapped[int] = mapped_column(Integer, default=0)
+    data: Mapped[bytes] = mapped_column(LargeBinary, default=b"")
+    error: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    completed_at: Mapped[datetime | None] = mapped_column(nullable=True)

@@ -56,6 +56,9 @@ class DeploymentReconciler:
         started = []
         for deployment_id, view in fleet.deployments.items():
             d = view.deployment
+            if d.paused_by is not None:  # an operator holds it: nothing starts
+                self.problems.pop(deployment_id, None)
+                continue
             states = fleet.states(deployment_id)
             due = sorted(i for i, state in states.items() if state is Compliance.PENDING)
             if not due:

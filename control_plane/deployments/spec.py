@@ -19,6 +19,8 @@ class DeploymentSpec(RolloutSpec):
     priority: int = Field(default=0, ge=-1000, le=1000)
     """Of two deployments of one model that match a device, the higher wins (a tie: the
     newer)."""
+    agent_version: None = Field(default=None, exclude=True)
+    """A deployment is of a model version: an agent release goes out by a rollout."""
     shadow: None = Field(default=None, exclude=True)
     """A deployment has no shadow phase: its devices converge on their own, with no operator
     watching a wave. Given, it is a 400 naming the field (a rollout takes one)."""

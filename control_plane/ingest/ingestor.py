@@ -23,10 +23,19 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import defer
 
+from common.protocol.capture import DeviceTelemetry
+from common.protocol.diagnostics import DiagnosticUpload
 from common.protocol.messages import DeviceStatus, Telemetry, UpdateEvent
 from control_plane.db.bulk import execute_many, insert_ignore, insert_rows, raw_last_seen
-from control_plane.db.models import Device, DeviceSample, TelemetrySample, UpdateEventRecord
+from control_plane.db.models import (
+    CapturedSampleRecord,
+    Device,
+    DeviceSample,
+    TelemetrySample,
+    UpdateEventRecord,
+)
 from control_plane.db.session import database_unavailable
+from control_plane.ingest.capture import TELEMETRY_TAGS, CaptureUpload, capture_rows
 from control_plane.ingest.decode import FastDecoder
 from control_plane.ingest.quality import Extras, carries_quality, quality_rows, store_quality
 from control_plane.ingest.rows import (
@@ -58,6 +67,7 @@ RETRY_MIN_S = 0.1
 RETRY_MAX_S = 5.0
 """Backoff between writes while the database is unreachable."""
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 Item = tuple[str, Any, Ack | None]
 """A queued message: its kind ("telemetry", "status", "event"), what is stored of it, its ack."""
 HELD_PER_MESSAGE = 10
@@ -91,6 +101,8 @@ class Ingestor:
         rewriting it for every message cost more than storing the message."""
         self.sessions = sessions
         self.metrics = metrics
+        self.rate_of: Callable[[str], float | None] | None = None
+        """A device's hourly cost rate, to charge its windows' busy time (the cost counter)."""
         self.batch_size = batch_size
         self.max_delay_s = max_delay_s
         self.telemetry_delay_s = max_delay_s if telemetry_delay_s is None else telemetry_delay_s
@@ -111,6 +123,12 @@ class Ingestor:
         self.on_telemetry_stored: list[Callable[[list[tuple[str, int]]], None]] = []
         """Called with the (device, seq) of the telemetry a batch stored (or that was stored
         before: a message sent again), and of telemetry refused for good (out of range)."""
+        self.on_captures_stored: list[Callable[[list[tuple[str, list[str]]]], None]] = []
+        """Called with (device, sample ids) of the captured samples a batch stored (or that
+        were stored before, or were refused for good)."""
+        self.on_diagnostic: Callable[[str, DiagnosticUpload, Ack | None], None] | None = None
+        """Takes a chunk of a device's logs or support bundle (stored apart from the batches:
+        :mod:`control_plane.ingest.diagnostics`); None: dropped."""
         self.on_batch_written: list[Callable[[], None]] = []
         """Called after each batch (the MQTT adapter resumes reading when the queue drained)."""
         self.on_sketches: list[Callable[[str, Telemetry], None]] = []
@@ -136,12 +154,20 @@ class Ingestor:
         self.metrics.rejected(topic, code)
 
     def _parse(self, leaf: str, kind: type[M], device_id: str, payload: bytes) -> M | None:
+        # the validator itself: model_validate_json is a Python call around it
+        return self._parse_with(leaf, kind.__pydantic_validator__.validate_json, device_id, payload)
+
+    def _parse_with(
+        self, leaf: str, validate: Callable[[bytes], T], device_id: str, payload: bytes
+    ) -> T | None:
         try:
-            # the validator itself: model_validate_json is a Python call around it
-            message: M = kind.__pydantic_validator__.validate_json(payload)
+            message = validate(payload)
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "message"
+            loc = first["loc"]
+            if loc and loc[0] in TELEMETRY_TAGS:  # the union's tag: not a field
+                loc = loc[1:]
+            where = ".".join(str(p) for p in loc) or "message"
             code = "unsupported_schema" if where == "schema_version" else "malformed"
             self.reject(leaf, code, device_id, f"{where}: {first['msg']}")
             return None
@@ -221,9 +247,22 @@ class Ingestor:
         # What the fast decoder took is within what the tables store (storable_bounds); the
         # model decides the rest, names why it refuses, and its rows are checked.
         checked = fast is None or fast.device_id != device_id
-        message = self._parse("telemetry", Telemetry, device_id, payload) if checked else fast
+        message = (
+            self._parse_with("telemetry", DeviceTelemetry.validate_json, device_id, payload)
+            if checked
+            else fast
+        )
         if message is None:
             _call(ack)
+            return
+        if isinstance(message, CaptureUpload):
+            self._capture(device_id, message, ack)
+            return
+        if isinstance(message, DiagnosticUpload):
+            if self.on_diagnostic is None:
+                _call(ack)
+            else:
+                self.on_diagnostic(device_id, message, ack)
             return
         at = utc(message.time)
         form = self._driver_time
@@ -243,6 +282,25 @@ class Ingestor:
                 hook(device_id, message)
             if carries_quality(message):  # a shadow's window, a measured speed: rare
                 self._enqueue("quality", device_id, ("quality", quality_rows(message, at), None))
+
+    def _capture(self, device_id: str, upload: CaptureUpload, ack: Ack | None) -> None:
+        """Queue an upload's samples; one whose archive is not one is refused (and
+        acknowledged to the device all the same: it would be sent again for good)."""
+        rows, refused = capture_rows(device_id, upload)
+        for sample_id, why in refused:
+            self.reject("telemetry", "malformed", device_id, f"sample {sample_id}: {why}")
+        ids = [sid for sid, _ in refused]
+        if rows:
+            self._enqueue("telemetry", device_id, ("capture", (ids, rows), ack))
+        else:
+            _call(ack)
+            self._captures_settled([(device_id, ids)])
+
+    def _captures_settled(self, stored: list[tuple[str, list[str]]]) -> None:
+        stored = [(d, ids) for d, ids in stored if ids]
+        if stored:
+            for callback in self.on_captures_stored:
+                callback(stored)
 
     def event(self, device_id: str, payload: bytes, ack: Ack | None = None) -> None:
         event = self._parse("events", UpdateEvent, device_id, payload)
@@ -303,6 +361,7 @@ class Ingestor:
                 await self._notify([m for kind, m, _ in written if kind == "event"])
                 _ack_all(batch)
                 self._settled(_stored_telemetry(batch))  # stored, or refused for good
+                self._captures_settled(_stored_captures(batch))
                 continue
             for callback in self.on_batch_written:
                 callback()
@@ -314,6 +373,7 @@ class Ingestor:
             await self._notify([m for kind, m, _ in batch if kind == "event"])
             _ack_all(batch)
             self._settled(_stored_telemetry(batch))
+            self._captures_settled(_stored_captures(batch))
 
     async def _one_by_one(self, batch: list[Item]) -> list[Item]:
         """Write each message of ``batch`` alone; those stored."""
@@ -346,6 +406,7 @@ class Ingestor:
             await self._notify([m for kind, m, _ in batch if kind == "event"])
             _ack_all(batch)
             self._settled(_stored_telemetry(batch))
+            self._captures_settled(_stored_captures(batch))
 
     async def _retrying(self, what: str, write: Callable[[], Awaitable[None]]) -> None:
         """Run ``write`` until it succeeds while the database is unreachable (a restart, a
@@ -388,6 +449,7 @@ class Ingestor:
         events: list[UpdateEvent] = []
         statuses: list[DeviceStatus] = []
         quality: list[Extras] = []
+        captured: list[dict[str, Any]] = []
         # last_seen and the windows' received_at are the control plane's time, not the
         # message's: presence and the health gates must not depend on the device's clock, and
         # a backlog a device drains was heard now
@@ -403,6 +465,9 @@ class Ingestor:
                 continue
             if kind == "quality":
                 quality.append(message)
+                continue
+            if kind == "capture":
+                captured += message[1]
                 continue
             device_row = message[0]  # then its telemetry rows (telemetry_rows)
             seen[device_row[DEVICE_ID]] = now
@@ -428,6 +493,9 @@ class Ingestor:
             )
             if quality:
                 await store_quality(session, quality, now)
+            if captured:
+                stamped = [{**row, "received_at": now} for row in captured]
+                await insert_ignore(session, CapturedSampleRecord.__table__, stamped)
             seen = {
                 d: w
                 for d, w in seen.items()
@@ -450,7 +518,7 @@ class Ingestor:
         self.metrics.batch_messages.observe(len(batch))
         self._seen_written |= seen
         self.stored += len(batch)
-        self.metrics.ingested(per_version(samples), len(devices), len(events))
+        self.metrics.ingested(per_version(samples, self.rate_of), len(devices), len(events))
         self.metrics.heard(seen, now)
         for status in statuses:
             self.metrics.set_online(
@@ -506,6 +574,10 @@ class Ingestor:
                 device.models = [m.model_dump() for m in status.models]
                 device.telemetry_interval_s = status.telemetry_interval_s
                 device.trust_root_version = status.trust_root_version
+                launcher = status.launcher
+                device.launcher = launcher.model_dump(mode="json") if launcher else None
+                twin = status.twin
+                device.twin_reported = twin.model_dump(mode="json") if twin else None
         return came_online
 
 
@@ -516,6 +588,16 @@ def _call(ack: Ack | None) -> None:
 
 def _stored_telemetry(batch: list[Item]) -> list[tuple[str, int]]:
     return [(m[0][DEVICE_ID], m[0][SEQ]) for kind, m, _ in batch if kind == "telemetry"]
+
+
+def _stored_captures(batch: list[Item]) -> list[tuple[str, list[str]]]:
+    """(device, sample ids) of a batch's uploads: those stored and those refused."""
+    out = []
+    for kind, message, _ in batch:
+        if kind == "capture":
+            refused, rows = message
+            out.append((rows[0]["device_id"], refused + [r["sample_id"] for r in rows]))
+    return out
 
 
 def _ack_all(batch: list[Item]) -> None:

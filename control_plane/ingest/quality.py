@@ -1,11 +1,12 @@
 """What telemetry says about model quality, stored beside its windows: the shadow comparisons
-of staged candidates (summed by a rollout's shadow gate) and the rows per second devices
+of staged candidates (summed by a rollout's shadow gate), the rows per second devices
 measured for what they serve (the latest per model version and hardware profile, which
-``models list`` shows).
+``models list`` shows), and the outcomes apps posted for predictions (ground truth: live
+accuracy).
 
-Few messages carry either (a shadow runs during a rollout's shadow phase; a speed comes once
-per load), so they take their own small path through the batch: the telemetry rows of every
-message stay as they are.
+Few messages carry any (a shadow runs during a rollout's shadow phase; a speed comes once per
+load; outcomes only where apps post them), so they take their own small path through the
+batch: the telemetry rows of every message stay as they are.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from common.protocol.messages import Telemetry
 from control_plane.db.bulk import insert_ignore
-from control_plane.db.models import ShadowReportRecord, VariantSpeedRecord
+from control_plane.db.models import GroundTruthRecord, ShadowReportRecord, VariantSpeedRecord
 
 Extras = tuple[tuple[str, dict[str, Any]], ...]
-"""("shadow" or "speed", row) of one telemetry message."""
+"""("shadow", "speed" or "truth", row) of one telemetry message."""
 
 
 def carries_quality(t: Telemetry) -> bool:
-    return any(m.shadow is not None or m.speed is not None for m in t.models)
+    return any(
+        m.shadow is not None or m.speed is not None or m.ground_truth is not None for m in t.models
+    )
 
 
 def quality_rows(t: Telemetry, at: datetime) -> Extras:
@@ -72,6 +75,26 @@ def quality_rows(t: Telemetry, at: datetime) -> Extras:
                     },
                 )
             )
+        if (g := m.ground_truth) is not None:
+            out += [
+                (
+                    "truth",
+                    {
+                        "device_id": t.device_id,
+                        "seq": t.seq,
+                        "time": at,
+                        "model": m.model,
+                        "version": m.version,
+                        "task": g.task.value,
+                        "label": group.label,
+                        "outcomes": group.outcomes,
+                        "correct": group.correct,
+                        "abs_error_sum": group.abs_error_sum,
+                        "squared_error_sum": group.squared_error_sum,
+                    },
+                )
+                for group in g.groups
+            ]
     return tuple(out)
 
 
@@ -87,6 +110,10 @@ async def store_quality(session: AsyncSession, extras: list[Extras], now: dateti
             if kind == "speed":
                 speeds[(row["model"], row["version"], row["profile"])] = row | {"measured_at": now}
     await insert_ignore(session, ShadowReportRecord.__table__, shadows)
+    truths = [
+        row | {"received_at": now} for rows in extras for kind, row in rows if kind == "truth"
+    ]
+    await insert_ignore(session, GroundTruthRecord.__table__, truths)
     if speeds:
         v = VariantSpeedRecord
         await session.execute(

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from control_plane.db.bulk import insert_ignore
 from control_plane.db.models import (
     DeviceSample,
+    GroundTruthRecord,
     ShadowReportRecord,
     TelemetryRollup,
     TelemetrySample,
@@ -106,6 +107,10 @@ async def compact(
         # a shadow phase sums its wave's windows since it began: kept as long as the rollups
         await s.execute(
             delete(ShadowReportRecord).where(ShadowReportRecord.received_at < rollup_cutoff)
+        )
+        # outcomes are few (one row per window and label) and live accuracy looks back far
+        await s.execute(
+            delete(GroundTruthRecord).where(GroundTruthRecord.received_at < rollup_cutoff)
         )
     return folded
 

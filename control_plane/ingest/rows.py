@@ -69,6 +69,7 @@ SAMPLE_COLUMNS = (
     "ttft_p99_ms",
     "inter_token_p99_ms",
     "cost_per_1k_tokens",
+    "busy_s",
 )
 STORED_SAMPLE_COLUMNS = (*SAMPLE_COLUMNS, "received_at")
 """The telemetry rows as written: a message's (SAMPLE_COLUMNS), then when its batch is written."""
@@ -77,15 +78,16 @@ SEQ = DEVICE_SAMPLE_COLUMNS.index("seq")
 PREPARED = frozenset(
     {"time", "received_at"}  # times
     | {"cpu_percent", "temperature_c", "window_s", "p50_ms", "p95_ms", "p99_ms"}  # floats
-    | {"ttft_p99_ms", "inter_token_p99_ms", "cost_per_1k_tokens"}
+    | {"ttft_p99_ms", "inter_token_p99_ms", "cost_per_1k_tokens", "busy_s"}
 )
 """Columns of the telemetry rows that hold what the driver takes already: the times (put in its
 form by :func:`telemetry_time`) and the floats (floats, validated as such by the message's model;
 SQLite's processor would only call ``float`` on them). With these, no value of a telemetry row
 is processed again: the rows go to the driver as they are."""
-MODEL, VERSION, REQUESTS, ERRORS, ROWS, P99, PROMPT, GENERATED, COST = (
+DEVICE, MODEL, VERSION, REQUESTS, ERRORS, ROWS, P99, PROMPT, GENERATED, COST, BUSY = (
     SAMPLE_COLUMNS.index(c)
     for c in (
+        "device_id",
         "model",
         "version",
         "requests",
@@ -95,6 +97,7 @@ MODEL, VERSION, REQUESTS, ERRORS, ROWS, P99, PROMPT, GENERATED, COST = (
         "prompt_tokens",
         "generated_tokens",
         "cost_per_1k_tokens",
+        "busy_s",
     )
 )
 
@@ -144,6 +147,7 @@ def telemetry_rows(t: Telemetry, at: Any) -> tuple[Row, ...]:
                 m.p99_ms,
                 m.queue_depth,
                 *(_NO_TOKENS if m.generative is None else _tokens(m.generative)),
+                m.busy_s,
             )
             for m in t.models
         ],
@@ -165,8 +169,11 @@ def _tokens(
     )
 
 
-def per_version(samples: Sequence[Row]) -> dict[tuple[str, int], VersionSums]:
-    """Telemetry rows (SAMPLE_COLUMNS) summed per model version, for the fleet's counters."""
+def per_version(
+    samples: Sequence[Row], rate_of: Callable[[str], float | None] | None = None
+) -> dict[tuple[str, int], VersionSums]:
+    """Telemetry rows (SAMPLE_COLUMNS) summed per model version, for the fleet's counters;
+    ``rate_of``: a device's hourly cost rate, to charge its busy time."""
     out: dict[tuple[str, int], VersionSums] = {}
     for s in samples:
         key = (s[MODEL], s[VERSION])
@@ -178,6 +185,10 @@ def per_version(samples: Sequence[Row]) -> dict[tuple[str, int], VersionSums]:
         sums.rows += s[ROWS]
         sums.prompt_tokens += s[PROMPT]
         sums.generated_tokens += s[GENERATED]
+        if busy := s[BUSY]:
+            sums.busy_s += busy
+            if rate_of is not None and (rate := rate_of(s[DEVICE])) is not None:
+                sums.cost += rate * busy / 3600
         if (cost := s[COST]) is not None:  # weighted by the tokens it was spread over
             sums.cost_weighted += cost * s[GENERATED]
             sums.cost_tokens += s[GENERATED]

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from common.protocol.capture import MAX_ACKED_SAMPLES, CaptureAck
 from common.protocol.messages import MAX_ACK_RANGES, DesiredState, TelemetryAck, seq_ranges
 from common.protocol.topics import Topics
 from control_plane.ingest.ingestor import Ack, Ingestor
@@ -77,6 +78,7 @@ class FleetBus:
         self.queue_low = ingestor.batch_size
         ingestor.on_batch_written.append(self._maybe_resume)
         ingestor.on_telemetry_stored.append(self.telemetry_stored)
+        ingestor.on_captures_stored.append(self.captures_stored)
 
     # -- outgoing ---------------------------------------------------------------------------
 
@@ -95,11 +97,26 @@ class FleetBus:
         self._commands.append((self.topics.commands(device_id), json.dumps(envelope).encode()))
         self._wake.set()
 
+    def publish_ack(self, device_id: str, payload: bytes) -> None:
+        """An acknowledgement to a device (best effort, like the others)."""
+        self._acks.append((self.topics.acks(device_id), payload))
+        self._wake.set()
+
     def telemetry_stored(self, stored: list[tuple[str, int]]) -> None:
         """Remember what to acknowledge to each device at the next :meth:`_acknowledge`."""
         pending = self._stored
         for device_id, seq in stored:
             pending.setdefault(device_id, []).append(seq)
+
+    def captures_stored(self, stored: list[tuple[str, list[str]]]) -> None:
+        """Acknowledge captured samples at once: the device deletes them from its spool."""
+        for device_id, ids in stored:
+            for start in range(0, len(ids), MAX_ACKED_SAMPLES):
+                ack = CaptureAck(
+                    device_id=device_id, sample_ids=ids[start : start + MAX_ACKED_SAMPLES]
+                )
+                self._acks.append((self.topics.acks(device_id), ack.model_dump_json().encode()))
+        self._wake.set()
 
     def _acknowledge(self) -> None:
         """One :class:`TelemetryAck` per device with news: the seqs stored since the last."""

@@ -1,5 +1,5 @@
-"""Input drift as telemetry comes in: devices' input sketches against each version's
-reference set.
+"""Input and output drift as telemetry comes in: devices' sketches of a version's inputs,
+outputs and top-1 classes against its reference set.
 
 Ingest hands over every telemetry message that carries sketches (:meth:`DriftMonitor.offer`,
 a bounded queue, never waiting). One task takes them in order and, per (model, version,
@@ -33,12 +33,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from common.protocol.drift import InputSketch
-from common.protocol.messages import Telemetry
+from common.protocol.messages import ModelTelemetry, Telemetry
 from control_plane.db.models import DriftSketch, InputDrift, Model, ModelVersion
 from control_plane.metrics import FleetMetrics
 from control_plane.quality.drift import (
@@ -55,6 +56,13 @@ from control_plane.registry.store import ArtifactStore
 from control_plane.settings.drift import DriftSettings
 
 log = logging.getLogger("edgefleet.control_plane.drift")
+
+OUTPUT = "output:"
+TOP1 = "top1:"
+"""Prefixes of the judged names of a version's outputs and their top-1 classes."""
+
+Named = tuple[str, InputSketch]
+"""A sketch and the name it is judged by."""
 
 FLEET = "*"
 """The ``device_id`` of the fleet-wide row."""
@@ -102,23 +110,23 @@ class _Held:
     features: dict[tuple[str, int], _Feature] = field(default_factory=dict)
     over: bool = False
 
-    def merge(self, inputs: list[InputSketch], decay: float) -> None:
+    def merge(self, sketches: list[Named], decay: float) -> None:
         self.rows *= decay
         self.windows += 1
         for f in self.features.values():
             f.decay(decay)
-        self.rows += max((i.sampled_rows for i in inputs), default=0)
-        for sketch in inputs:
-            if self.accuracy.get(sketch.name, sketch.relative_accuracy) != sketch.relative_accuracy:
-                self.features = {k: v for k, v in self.features.items() if k[0] != sketch.name}
-            self.accuracy[sketch.name] = sketch.relative_accuracy
+        self.rows += max((s.sampled_rows for _, s in sketches), default=0)
+        for name, sketch in sketches:
+            if self.accuracy.get(name, sketch.relative_accuracy) != sketch.relative_accuracy:
+                self.features = {k: v for k, v in self.features.items() if k[0] != name}
+            self.accuracy[name] = sketch.relative_accuracy
             for fs in sketch.features:
                 window = _Feature(
                     sketch_bins(fs, sketch.relative_accuracy),
                     float(fs.count),
                     float(fs.count * fs.mean) if fs.mean is not None else 0.0,
                 )
-                self.features.setdefault((sketch.name, fs.feature), _Feature()).add(window)
+                self.features.setdefault((name, fs.feature), _Feature()).add(window)
 
     def add(self, other: _Held) -> None:
         """Add a device's windows to the fleet's: those of an input at another accuracy than
@@ -155,10 +163,26 @@ class _Reference:
     inputs: ReferenceSet
     bins: dict[tuple[str, int, float], tuple[Distribution, float]] = field(default_factory=dict)
 
+    def values(self, name: str) -> np.ndarray | None:
+        """The reference's array for a judged name: an input, an output's expected values, or
+        the classes they score highest (without expected outputs: the labels)."""
+        ref = self.inputs
+        if name.startswith(OUTPUT):
+            return ref.outputs.get(name.removeprefix(OUTPUT))
+        if name.startswith(TOP1):
+            expected = ref.outputs.get(name.removeprefix(TOP1))
+            if expected is not None and expected.ndim == 2:
+                return np.asarray(expected.argmax(axis=1))
+            return ref.labels if not ref.outputs else None
+        return ref.inputs.get(name)
+
     def feature(self, name: str, feature: int, accuracy: float) -> tuple[Distribution, float]:
         key = (name, feature, accuracy)
         if key not in self.bins:
-            values = reference_features(self.inputs.inputs[name], [feature]).get(feature)
+            array = self.values(name)
+            if array is None:
+                raise KeyError(key)
+            values = reference_features(array, [feature]).get(feature)
             if values is None or not len(values):
                 raise KeyError(key)
             self.bins[key] = (distribution(values_bins(values, accuracy)), float(values.mean()))
@@ -192,7 +216,7 @@ class DriftMonitor:
 
     def offer(self, device_id: str, message: Telemetry) -> None:
         """Queue a telemetry message for judging if it carries sketches (ingest's hook)."""
-        if not any(m.inputs for m in message.models):
+        if not any(m.inputs or m.outputs or m.top1 for m in message.models):
             return
         if len(self._queue) >= self.settings.queue_limit:
             self.dropped += 1
@@ -243,7 +267,7 @@ class DriftMonitor:
 
     async def _merge_and_judge(
         self,
-        windows: dict[Key, list[tuple[int, list[InputSketch]]]],
+        windows: dict[Key, list[tuple[int, list[Named]]]],
         references: dict[tuple[str, int], _Reference | None],
         fleets: set[tuple[str, int]],
     ) -> list[Judged]:
@@ -258,8 +282,8 @@ class DriftMonitor:
                 fresh = [(seq, inputs) for seq, inputs in windows[key] if seqs.take(seq)]
                 if not fresh:
                     continue  # every one sent again, or merged by another replica already
-                for _, inputs in fresh:
-                    h.merge(inputs, self.settings.decay)
+                for _, sketches in fresh:
+                    h.merge(sketches, self.settings.decay)
                 if row is None:
                     row = rows[key] = DriftSketch(model=key[0], version=key[1], device_id=key[2])
                     s.add(row)
@@ -311,7 +335,7 @@ class DriftMonitor:
     def _judge(self, held: _Held, reference: _Reference) -> list[FeatureDrift]:
         drifts = []
         for (name, feature), f in sorted(held.features.items()):
-            if name not in reference.inputs.inputs or not f.bins:
+            if not f.bins:
                 continue
             try:
                 ref, ref_mean = reference.feature(name, feature, held.accuracy[name])
@@ -442,15 +466,26 @@ class Merged:
         return True
 
 
+def judged_sketches(m: ModelTelemetry) -> list[Named]:
+    """A version's window as judged: its inputs by name, its outputs as ``output:<name>`` and
+    its outputs' top-1 classes as ``top1:<name>`` (:meth:`_Reference.values` finds each)."""
+    return [
+        *((i.name, i) for i in m.inputs),
+        *((f"{OUTPUT}{o.name}", o) for o in m.outputs),
+        *((f"{TOP1}{t.name}", t) for t in m.top1),
+    ]
+
+
 def _windows(
     batch: list[tuple[str, Telemetry]],
-) -> dict[Key, list[tuple[int, list[InputSketch]]]]:
+) -> dict[Key, list[tuple[int, list[Named]]]]:
     """A batch's sketches by (model, version, device), each device's in ``seq`` order."""
-    out: dict[Key, list[tuple[int, list[InputSketch]]]] = {}
+    out: dict[Key, list[tuple[int, list[Named]]]] = {}
     for device_id, message in batch:
         for m in message.models:
-            if m.inputs:
-                out.setdefault((m.model, m.version, device_id), []).append((message.seq, m.inputs))
+            sketches = judged_sketches(m)
+            if sketches:
+                out.setdefault((m.model, m.version, device_id), []).append((message.seq, sketches))
     for windows in out.values():
         windows.sort(key=lambda w: w[0])
     return out

@@ -141,6 +141,7 @@ async def create_version(
     config: dict[str, Any],
     health: dict[str, Any],
     user: str,
+    source: dict[str, Any] | None = None,
 ) -> ModelVersion:
     try:
         ModelConfig.model_validate(config)
@@ -191,6 +192,7 @@ async def create_version(
         uploaded_by=user,
         created_at=datetime.now(UTC),
         stage="candidate",
+        source=source,
     )
     session.add(mv)
     await session.flush()

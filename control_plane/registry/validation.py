@@ -62,7 +62,11 @@ def validate(
     rtol: float,
     atol: float,
     margin: float,
+    reference: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """Run every variant and judge it; ``reference``: the version's reference set, whose
+    labels (where it has them) give ``reference_accuracy``, what live accuracy is judged
+    against (concept drift)."""
     checks: list[dict[str, Any]] = []
 
     def check(name: str, passed: bool, detail: str = "") -> None:
@@ -166,6 +170,9 @@ def validate(
                 check(
                     "accuracy recorded", True, f"{accuracy:.4f} (no production version to compare)"
                 )
+        reference_accuracy = None
+        if reference is not None and first is not None:
+            reference_accuracy = _labelled_accuracy(first, store.path(reference["sha256"]))
         if first is not None:
             first.close()
     if not outputs and not generative_ran:
@@ -174,6 +181,7 @@ def validate(
         "passed": all(c["passed"] for c in checks),
         "checks": checks,
         "accuracy": accuracy,
+        "reference_accuracy": reference_accuracy,
         "validated_at": datetime.now(UTC).isoformat(),
     }
 
@@ -191,6 +199,18 @@ def _pipeline_problems(directory: Path, runtime: Runtime) -> list[str]:
     except (PipelineConfigError, StepError, RuntimeFailure, ValueError, OSError) as exc:
         return [str(exc)]
     return golden.mismatches(outputs)
+
+
+def _labelled_accuracy(runtime: Runtime, path: Path) -> float | None:
+    """:func:`_accuracy` on a reference set; None where it has no labels, or the model cannot
+    run it (the checks above judge the model; this only records a number)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "labels" not in data.files:
+                return None
+        return _accuracy(runtime, path)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, RuntimeFailure):
+        return None
 
 
 def _accuracy(runtime: Runtime, path: Path) -> float:

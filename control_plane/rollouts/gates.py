@@ -195,7 +195,13 @@ async def drift_gate(
         return None, report
     report["paused"] = True
     return (
-        f"input drift: PSI {worst.psi:.3f} on {worst.feature} at {worst.device_id} "
+        f"{_drift_kind(worst.feature)} drift: PSI {worst.psi:.3f} on {worst.feature} "
+        f"at {worst.device_id} "
         f"exceeds max_drift {gates.max_drift} (KS {worst.ks:.3f})",
         report,
     )
+
+
+def _drift_kind(feature: str) -> str:
+    """``output`` for a judged output or top-1 class (``output:logits[3]``), else ``input``."""
+    return "output" if feature.startswith(("output:", "top1:")) else "input"

@@ -19,11 +19,13 @@ from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from common.protocol.agent_release import AgentReleaseManifest
 from common.protocol.messages import ModelManifest
 from control_plane.db.models import Device, Rollout, RolloutDevice
 from control_plane.db.session import required_utc
 from control_plane.db.states import REVERTING, DeviceRolloutState, RolloutState
 from control_plane.mqtt.publisher import Publisher
+from control_plane.rollouts.agent import KEPT, is_agent
 from control_plane.rollouts.events import NEVER_REPORTED
 from control_plane.rollouts.manifests import rollback_command
 from control_plane.rollouts.sending import YIELD_EVERY, load_devices
@@ -58,6 +60,13 @@ async def roll_back(
         DeviceRolloutState.TIMED_OUT,
     )
     restore = [rd.device_id for rd in rollout.devices if rd.state in touched]
+    # an agent release's previous manifest must not reach the device expired: the device
+    # verifies it again before it goes back (a model's restore needs no new window: it rolls
+    # back on a command)
+    ttl_s = max(rollout.device_timeout_s, 3600)
+    redate = (
+        functools.partial(redated, now=now, ttl_s=ttl_s, sign=sign) if is_agent(rollout) else None
+    )
     loaded = await load_devices(session, restore)  # noqa: F841 (kept while used)
     for i, rd in enumerate(rollout.devices, 1):
         if i % YIELD_EVERY == 0:
@@ -66,17 +75,23 @@ async def roll_back(
             rd.state = DeviceRolloutState.SKIPPED
             rd.reason = "not reached before the rollback"
         elif rd.state in touched:
-            await restore_desired(session, rollout, rd, publish)
+            await restore_desired(session, rollout, rd, publish, redate)
             # still applying, or silent (offline: its retained desired state still held the
             # new version until now): the command follows if it reports a commit
             if rd.state in (DeviceRolloutState.SENT, DeviceRolloutState.TIMED_OUT):
                 rd.state = DeviceRolloutState.REVERTING_PENDING
                 rd.reason = "desired state restored"
+            elif is_agent(rollout) and rd.previous_desired is None:
+                rd.state, rd.reason = DeviceRolloutState.REVERTED, KEPT
             else:
-                rd.state, rd.sent_at = DeviceRolloutState.REVERTING, None
+                # an agent release: the previous release's manifest, restored, takes it back
+                agent = is_agent(rollout)
+                rd.state, rd.sent_at = DeviceRolloutState.REVERTING, now if agent else None
             rd.updated_at = now
-        if rd.state is DeviceRolloutState.REVERTING and (
-            rd.sent_at is None or rd.device_id in resend
+        if (
+            rd.state is DeviceRolloutState.REVERTING
+            and not is_agent(rollout)  # its restored desired state is what takes it back
+            and (rd.sent_at is None or rd.device_id in resend)
         ):
             command = _command(rollout, rd, sign)
             hold(functools.partial(bus.publish_command, rd.device_id, command))
@@ -127,7 +142,12 @@ def redated(envelope: dict[str, Any], now: datetime, ttl_s: float, sign: Sign) -
     ``ttl_s``: the previous version's manifest, kept since its rollout (maybe for longer than
     its lifetime), must not reach the device expired. A device that runs it passes it over as
     applied (its sequence is the one it committed: docs/protocol.md)."""
-    manifest = ModelManifest.model_validate(envelope["signed"])
+    signed = envelope["signed"]
+    manifest: ModelManifest | AgentReleaseManifest = (
+        AgentReleaseManifest.model_validate(signed)
+        if signed.get("kind") == "agent_release"
+        else ModelManifest.model_validate(signed)
+    )
     return sign(
         manifest.model_copy(update={"issued_at": now, "expires_at": now + timedelta(seconds=ttl_s)})
     )

@@ -21,9 +21,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from common.protocol.agent_release import AgentReleaseManifest
 from common.protocol.messages import ModelManifest
 from control_plane.db.models import Device, Rollout, RolloutDevice
 from control_plane.db.states import DeviceRolloutState, RolloutState
+from control_plane.rollouts.agent import NO_LAUNCHER, for_agent_device, is_agent
 from control_plane.rollouts.events import CHUNK
 from control_plane.rollouts.manifests import for_device
 from control_plane.rollouts.windows import held_devices, held_reason
@@ -41,7 +43,7 @@ whole transaction (which is then begun again, and refused again)."""
 Send = Callable[..., Awaitable[None]]
 """:func:`send_manifest` with its signing and publishing bound (the engine's ``_send``):
 ``(session, rollout, row, now, base, *, activate_after=...)``."""
-Sign = Callable[[ModelManifest], dict[str, Any]]
+Sign = Callable[[ModelManifest | AgentReleaseManifest], dict[str, Any]]
 Publish = Callable[[Device], None]
 log = logging.getLogger("edgefleet.control_plane.rollouts")
 
@@ -115,7 +117,8 @@ async def send_unsent(
     again for those)."""
     held = await held_devices(session, [rd.device_id for rd in unsent], now)
     ready = [rd for rd in unsent if rd.device_id not in held]
-    ahead = timedelta(seconds=ttl_s / 2)  # valid when it opens
+    # valid when it opens; an agent release is not sent ahead: its launcher switches on receipt
+    ahead = timedelta(seconds=0 if is_agent(rollout) else ttl_s / 2)
     early = [
         rd
         for rd in unsent
@@ -123,7 +126,7 @@ async def send_unsent(
     ]
     going = {rd.device_id for rd in (ready + early)[:limit]}
     loaded = await load_devices(session, sorted(going))
-    base = ModelManifest.model_validate(rollout.manifest)  # once, not once per device
+    base = stored_manifest(rollout)  # once, not once per device
     for i, rd in enumerate(unsent, 1):
         if i % YIELD_EVERY == 0:
             await asyncio.sleep(0)
@@ -142,6 +145,13 @@ async def send_unsent(
     return len(ready) + len(early) - len(going)
 
 
+def stored_manifest(rollout: Rollout) -> ModelManifest | AgentReleaseManifest:
+    """The rollout's manifest, validated as its kind."""
+    if is_agent(rollout):
+        return AgentReleaseManifest.model_validate(rollout.manifest)
+    return ModelManifest.model_validate(rollout.manifest)
+
+
 async def load_devices(session: AsyncSession, device_ids: list[str]) -> list[Device]:
     """Load these devices into the session in a few queries, so the ``session.get`` per device
     that follows finds them there instead of asking the database once per device. (The
@@ -158,7 +168,7 @@ async def send_manifest(
     rollout: Rollout,
     rd: RolloutDevice,
     now: datetime,
-    base: ModelManifest | None = None,
+    base: ModelManifest | AgentReleaseManifest | None = None,
     *,
     activate_after: datetime | None = None,
     sign: Sign,
@@ -172,13 +182,22 @@ async def send_manifest(
         rd.state = DeviceRolloutState.TIMED_OUT
         rd.reason = "device no longer in the inventory"
         return
-    manifest = for_device(
-        base or rollout.manifest,
-        device.id,
-        now,
-        ttl_s,
-        activate_after=activate_after,
-    )
+    manifest: ModelManifest | AgentReleaseManifest
+    if is_agent(rollout):
+        if device.launcher is None:  # it could not update itself: refused here, not waited on
+            rd.state, rd.reason, rd.updated_at = DeviceRolloutState.REJECTED, NO_LAUNCHER, now
+            return
+        assert not isinstance(base, ModelManifest)
+        manifest = for_agent_device(base or rollout.manifest, device.id, now, ttl_s)
+    else:
+        assert not isinstance(base, AgentReleaseManifest)
+        manifest = for_device(
+            base or rollout.manifest,
+            device.id,
+            now,
+            ttl_s,
+            activate_after=activate_after,
+        )
     device.desired = {**device.desired, rollout.model: sign(manifest)}
     rd.state, rd.sent_at, rd.updated_at = DeviceRolloutState.SENT, activate_after or now, now
     publish(device)

@@ -7,7 +7,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from common.protocol.agent_release import AGENT_VERSION_PATTERN
 
 MAX_DURATION_S = 366 * 86400.0
 """Longest bake time or device timeout a rollout takes (a year): past it a date overflows."""
@@ -38,6 +40,27 @@ class Gates(BaseModel):
     """Largest PSI of any input feature, on the wave's devices, against the version's
     reference set (docs/model-quality.md, "Drift"). Over it the rollout is paused, not rolled
     back: drift is about the data, not the version. None: not judged."""
+    max_accuracy_drop: float | None = Field(default=None, gt=0, le=1)
+    """How far the new version's live accuracy (from the outcomes apps post, on the wave's
+    devices since the rollout began) may fall below the version it replaces (its outcomes from
+    an hour before the rollout on), as a share: 0.05 is five points; for a regression, how far
+    its mean absolute error may rise over the baseline's, relative (docs/model-quality.md,
+    "Ground truth and live accuracy"). Over it the rollout is paused, not rolled back: the
+    outcomes may have moved for both versions. None: not judged."""
+    min_outcomes: int = Field(default=100, ge=1, le=2**31 - 1)
+    """Outcomes the new version and the baseline each need before ``max_accuracy_drop``
+    judges; until then the wave waits past its bake (unless ``allow_unjudged``)."""
+
+
+AGENT_REFUSED_GATES = (
+    "max_drift",
+    "max_accuracy_drop",
+    "max_ttft_p99_ms",
+    "max_inter_token_p99_ms",
+)
+"""Gates an agent release's rollout refuses: they judge a model's inputs, answers or tokens.
+Its error-rate and latency gates are not judged either (its gate report says so): a release
+passes a device when the launcher committed it there."""
 
 
 class ShadowSpec(BaseModel):
@@ -58,10 +81,16 @@ class ShadowSpec(BaseModel):
 
 
 class RolloutSpec(BaseModel):
+    """A model version's rollout (``model`` and ``version``) or an agent release's
+    (``agent_version``), never both."""
+
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    model: str
-    version: int = Field(ge=1, le=2**31 - 1)
+    model: str | None = None
+    version: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    agent_version: str | None = Field(default=None, pattern=AGENT_VERSION_PATTERN)
+    """An agent release of the registry (``edgefleet agents push``): the devices' launchers put
+    it on trial; a wave passes when its devices committed it."""
     selector: dict[str, str] = Field(default_factory=dict)
     """Label selector: every label given must match (operator labels win over reported)."""
     profiles: list[str] = Field(default_factory=list)
@@ -71,6 +100,28 @@ class RolloutSpec(BaseModel):
     gates: Gates = Field(default_factory=Gates)
     shadow: ShadowSpec | None = None
     """A shadow phase before each wave switches; none by default."""
+
+    @model_validator(mode="after")
+    def _one_subject(self) -> RolloutSpec:
+        if self.agent_version is not None:
+            if self.model is not None or self.version is not None:
+                raise ValueError("give agent_version, or model and version, not both")
+            for gate in AGENT_REFUSED_GATES:
+                if getattr(self.gates, gate) is not None:
+                    raise ValueError(
+                        f"gates.{gate} judges a model; an agent release is judged by its "
+                        "launcher's trial on each device"
+                    )
+            if self.shadow is not None:
+                raise ValueError("shadow: an agent release cannot be shadowed")
+        elif self.model is None or self.version is None:
+            raise ValueError("give model and version (or agent_version)")
+        return self
+
+    def subject(self) -> tuple[str, int]:
+        """The model and version of a model's rollout (checked present when validated)."""
+        assert self.model is not None and self.version is not None
+        return self.model, self.version
 
     @field_validator("waves", mode="before")
     @classmethod

@@ -2,7 +2,8 @@
 (``__`` for nesting), then command-line flags.
 
 A leaf: every area imports its settings from here, and this package imports no area. The
-nested sections are its modules: :mod:`.enrolment`, :mod:`.drift` and :mod:`.kubernetes`."""
+nested sections are its modules: :mod:`.enrolment`, :mod:`.drift`, :mod:`.ground_truth`
+and :mod:`.kubernetes`."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from common.settings import settings_from
 from common.tracing import TracingSettings
 from control_plane.settings.drift import DriftSettings
 from control_plane.settings.enrolment import EnrolmentSettings
+from control_plane.settings.ground_truth import GroundTruthSettings
 from control_plane.settings.kubernetes import KubernetesSettings
 
 
@@ -150,6 +152,9 @@ class ControlPlaneSettings(BaseSettings):
     """Zero-touch provisioning: where claimed devices get their broker user (docs/enrolment.md)."""
     drift: DriftSettings = DriftSettings()
     """Input drift against each version's reference set (docs/model-quality.md, "Drift")."""
+    ground_truth: GroundTruthSettings = GroundTruthSettings()
+    """Live accuracy from the outcomes apps post, and concept drift against the reference's
+    (docs/model-quality.md, "Ground truth and live accuracy")."""
     kubernetes: KubernetesSettings = KubernetesSettings()
     """ModelRollout objects and the agent DaemonSet, when run in a cluster (docs/kubernetes.md)."""
     tracing: TracingSettings = TracingSettings()

@@ -65,6 +65,7 @@ def serve(
     settings.setdefault("port", 0)
     config = AgentSettings(model_repository=repository, **settings)
     state = build_state(config, runtime_factory=runtime_factory)
+    config = state.settings  # with the fleet's config twin over them, as the agent serves
     sock = bind_socket(config)
     host, port = sock.getsockname()[:2]
     server = uvicorn.Server(server_config(config, state))

@@ -84,20 +84,6 @@ def test_models_example_writes_then_refuses_to_overwrite(tmp_path: Path) -> None
     assert again.returncode == 1 and "exists" in again.stderr
 
 
-@pytest.mark.slow
-def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
-    """The README's main command: local self-tests, then a broker, the control plane and two
-    agents as processes; a staged rollout to two profiles; a bad version rolled back."""
-    # a minute alone on 2 cores; beside the suite's other worker it has taken over two
-    result = edgefleet("demo", "--workdir", str(tmp_path / "demo"), timeout_s=280)
-    out = result.stdout
-    # classifier: its JPEG, end to end; tiny-lm: a prompt through an empty KV cache
-    assert out.count("self-test passed") == 7, out
-    assert "edge-x86: v2 on onnxruntime_onnx" in out and "edge-pi: v2 on litert_tflite" in out
-    assert "rollout 3: rolled_back: error rate" in out  # rollout 2 is tiny-lm's
-    assert "serving now: edge-x86 v2, edge-pi v2" in out and out.rstrip().endswith("== done")
-
-
 def test_will_delay_without_mqtt_5_is_a_startup_error(tmp_path: Path) -> None:
     config = tmp_path / "agent.toml"
     config.write_text(

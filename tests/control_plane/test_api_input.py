@@ -15,7 +15,14 @@ from typing import Any
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from control_plane.db.models import Device, DeviceSample, TelemetrySample
+from common.release_tree import pack
+from control_plane.db.models import (
+    CapturedSampleRecord,
+    Device,
+    DeviceDiagnostic,
+    DeviceSample,
+    TelemetrySample,
+)
 from control_plane.db.session import sync_url
 from runtimes.examples.variants import mlp_version
 from tests.control_plane.conftest import ControlPlaneFactory
@@ -72,12 +79,37 @@ def test_every_timestamp_the_api_shows_carries_its_offset(
                 )
             )
             s.add(DeviceSample(device_id="dev-t", seq=1, time=now))  # its last_telemetry
+            s.add(
+                CapturedSampleRecord(
+                    **{"device_id": "dev-t", "sample_id": "s1", "model": "mlp", "version": 1},
+                    **{"captured_at": now, "received_at": now, "trigger": "sampled"},
+                    **{"rows": 1, "size_bytes": 1, "data": b"x"},
+                )
+            )
+            s.add(
+                DeviceDiagnostic(
+                    **{"id": "d1", "device_id": "dev-t", "kind": "logs", "params": {}},
+                    **{"requested_by": "t", "requested_at": now, "expires_at": now},
+                    **{"state": "complete", "total_bytes": 1, "received_bytes": 1},
+                    **{"data": b"\n", "completed_at": now},
+                )
+            )
         engine.dispose()
         rollout_id = rollout(cp, 1, waves=["100%"])
+        # an agent release called "1": the routes' {version} is either
+        agent = pack(tmp_path / "agent-1.tar.gz", "1").read_bytes()
+        assert cp.admin.put("/api/v1/agent-releases/1", content=agent).status_code == 201
         # a deployment named as the model: the routes' {name} is either
         deployment = {"name": "mlp", "model": "mlp", "version": 1}
         assert cp.admin.post("/api/v1/deployments", json=deployment).status_code == 201
-        ids = {"device_id": "dev-t", "rollout_id": rollout_id, "name": "mlp", "version": 1}
+        ids = {
+            "device_id": "dev-t",
+            "rollout_id": rollout_id,
+            "name": "mlp",
+            "version": 1,
+            "sample": 1,
+            "request_id": "d1",
+        }
         queries = {"/api/v1/telemetry": {"device_id": "dev-t"}}
         seen: dict[str, list[str]] = {}
         for route, operations in cp.admin.get("/openapi.json").json()["paths"].items():
@@ -96,7 +128,12 @@ def test_every_timestamp_the_api_shows_carries_its_offset(
         assert seen[route], f"{route} showed no timestamp: {seen}"
 
 
-NOT_JSON = {"/metrics", "/artifacts/sha256/{digest}"}
+NOT_JSON = {
+    "/metrics",
+    "/artifacts/sha256/{digest}",
+    "/api/v1/models/{name}/versions/{version}/samples/{sample}/data",  # an .npz archive
+    "/api/v1/devices/{device_id}/diagnostics/{request_id}/data",  # JSON lines
+}
 STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
 
 

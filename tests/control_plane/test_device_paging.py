@@ -188,7 +188,14 @@ def counted(devices: list[dict[str, Any]]) -> dict[str, Any]:
             labels[(key, value, d["presence"])] += 1
         for m in d["models"]:
             versions[(m["model"], m["version"])] += 1
+    launchers = [d.get("launcher") or {} for d in devices]
     return {
+        "agents": {
+            "degraded": sum(r.get("phase") == "degraded" for r in launchers),
+            "rolled_back": sum(
+                (r.get("last_update") or {}).get("outcome") == "rolled_back" for r in launchers
+            ),
+        },
         "presence": [
             {"hardware_profile": p, "presence": s, "devices": c}
             for (p, s), c in sorted(presence.items())

@@ -219,6 +219,7 @@ def test_rows_many_to_a_statement_are_stored_as_one_a_statement_would_store_them
             "ttft_p99_ms": None,
             "inter_token_p99_ms": None,
             "cost_per_1k_tokens": None,
+            "busy_s": 0.25,
             "received_at": base,
         }
         return tuple(values[column] for column in STORED_SAMPLE_COLUMNS)

@@ -159,6 +159,22 @@ def test_push_validate_and_roll_out_in_waves_to_two_hardware_profiles(
 
         wait_until(all_on_version_2, what="the inventory to show version 2")
         assert inventory["dev-b"]["hardware_profile"] == "raspberry-pi-5"
+        # the report's cost: v2 (after the requests above) beside v1, on its devices, priced
+        # by profile once a rate is set
+        put = cp.admin.put(
+            "/api/v1/cost-rates", json={"rates": [{"profile": "raspberry-pi-5", "per_hour": 2}]}
+        )
+        assert put.status_code == 200, put.text
+
+        def v2_priced() -> dict[str, Any] | None:
+            cost = cp.admin.get(f"/api/v1/rollouts/{rollout_id}").json()["cost"]
+            return cost if (cost["candidate"] or {}).get("per_1k_predictions") else None
+
+        wait_until(lambda: v2_priced() is not None, what="v2's cost in the rollout report")
+        cost = v2_priced()
+        assert cost is not None and cost["candidate"]["version"] == 2
+        assert cost["candidate"]["busy_s"] > 0 and cost["candidate"]["rows"] >= 2
+        assert cost["baseline"] is not None and cost["baseline"]["version"] == 1
         audit = cp.admin.get("/api/v1/audit").json()
         assert {"version.create", "version.upload", "version.validate", "rollout.create"} <= {
             e["action"] for e in audit

@@ -73,6 +73,7 @@ def test_gates_a_generative_model_cannot_feed_are_refused_and_token_gates_elsewh
         for refused, gate in (
             ({"shadow": {"min_requests": 10}}, "shadow"),
             ({"gates": {"max_drift": 0.2}}, "gates.max_drift"),
+            ({"gates": {"max_accuracy_drop": 0.1}}, "gates.max_accuracy_drop"),
         ):
             answer = _create(cp, model="tiny-lm", **refused)
             assert answer.status_code == 400, answer.text

@@ -42,7 +42,7 @@ def test_agent_openapi_no_5xx_no_hang(agent: AgentProcess) -> None:
     report = fuzz(
         doc,
         agent.address,
-        examples=10,
+        examples=7,
         fixed_examples=20,
         headers={"X-API-Key": KEY},
         path_variants=[*models, {"model_name": "mlp", "model_version": "1"}],
@@ -72,7 +72,7 @@ def test_control_plane_openapi_no_5xx_no_hang(tmp_path: Path) -> None:
             report = fuzz(
                 doc,
                 cp.url,
-                examples=25,
+                examples=15,
                 fixed_examples=20,
                 headers={"Authorization": token},
                 path_variants=[{"name": "mlp"}, {"name": "mlp", "version": "1"}],

@@ -141,8 +141,8 @@ def test_conffiles_and_default_config(package: Package) -> None:
     unit = (package.files / UNIT).read_text()
     assert "ReadWritePaths=/var/lib/edgefleet /var/cache/edgefleet" in unit
     assert (
-        "ExecStart=/opt/edgefleet/venv/bin/edgefleet agent --config /etc/edgefleet/agent.toml"
-        in unit
+        "ExecStart=/opt/edgefleet/venv/bin/edgefleet launcher run -- "
+        "agent --config /etc/edgefleet/agent.toml" in unit
     )
 
 
@@ -182,8 +182,9 @@ def test_unpacked_venv_runs_from_a_scratch_directory(package: Package, tmp_path:
 def test_unpacked_agent_starts_as_the_unit_runs_it(
     package: Package, example_repo: Path, tmp_path: Path
 ) -> None:
-    """The unit's ExecStart (the shipped config, the venv's entry point) from the scratch copy,
-    with systemd's notify socket stood in for by a real one: READY=1, then STOPPING=1."""
+    """The unit's ExecStart (the launcher, the shipped config, the venv's entry point) from the
+    scratch copy, with systemd's notify socket stood in for by a real one: READY=1, then
+    STOPPING=1."""
     venv = package.files / VENV
     unit = (package.files / UNIT).read_text()
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
@@ -197,6 +198,7 @@ def test_unpacked_agent_starts_as_the_unit_runs_it(
         "EDGEFLEET_AGENT_RUNTIME__CACHE_DIR": str(tmp_path / "cache"),
         "EDGEFLEET_AGENT_FLEET__STATE_DIR": str(tmp_path / "fleet"),
         "EDGEFLEET_AGENT_PORT": "0",
+        "EDGEFLEET_LAUNCHER_ROOT_DIR": str(tmp_path / "launcher"),
     }
     with tempfile.TemporaryDirectory(prefix="sd-") as directory:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
@@ -207,8 +209,9 @@ def test_unpacked_agent_starts_as_the_unit_runs_it(
             proc = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.DEVNULL)
             try:
                 seen: list[dict[str, str]] = []
+                # the launcher says READY=1 once its agent said it (to the launcher's socket)
                 ready = receive_until(sock, "READY", seen)
-                assert ready["STATUS"] == "ready: 1 of 1 models serving"
+                assert ready["STATUS"] == "agent base running"
                 proc.send_signal(signal.SIGTERM)
                 assert receive_until(sock, "STOPPING", seen)["STOPPING"] == "1"
                 assert proc.wait(timeout=60) == 0
@@ -268,7 +271,12 @@ def test_install_reconfigure_remove_purge_in_a_scratch_root(
     uid, gid = int(user[2]), int(user[3])
     assert uid < 1000  # a system user
     assert "video:x:44:edgefleet" in (root / "etc/group").read_text()
-    for directory in ("var/lib/edgefleet", "var/lib/edgefleet/models", "var/cache/edgefleet"):
+    for directory in (
+        "var/lib/edgefleet",
+        "var/lib/edgefleet/models",
+        "var/lib/edgefleet/launcher",
+        "var/cache/edgefleet",
+    ):
         st = (root / directory).stat()
         assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (uid, gid, 0o750), directory
     wants = root / "etc/systemd/system/multi-user.target.wants/edgefleet-agent.service"

@@ -12,11 +12,15 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from common.model_config import ModelConfigError, parse_model_config
 from tests.agent.models import REGRESSION_WEIGHTS, write_regression_model
 from tests.agent.server import RunningAgent, copy_models, serve
 
 LABELS = [f"class-{i}" for i in range(10)]
-MLP = '[tfserving]\nclassify_output = "logits"\nlabels_file = "labels.txt"\n'
+MLP = (
+    '[tfserving]\nclassify_output = "logits"\nlabels_file = "labels.txt"\n'
+    "[tfserving.version_labels]\nstable = 1\ncanary = 2\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +98,47 @@ def test_what_cannot_be_answered_is_a_400_naming_the_field(
 def test_an_unknown_model_is_a_404(agent: RunningAgent) -> None:
     resp = agent.client.post("/v1/models/nope:classify", json={"examples": [{}]})
     assert resp.status_code == 404, resp.text
+
+
+def test_a_version_label_answers_as_the_version_it_names(agent: RunningAgent) -> None:
+    rows = np.random.default_rng(4).standard_normal((2, 256)).astype(np.float32)
+    predict = {"instances": rows.tolist()}
+    by_label = agent.client.post("/v1/models/mlp/labels/stable:predict", json=predict)
+    by_version = agent.client.post("/v1/models/mlp/versions/1:predict", json=predict)
+    assert by_label.status_code == 200, by_label.text
+    assert by_label.json() == by_version.json()
+    examples = {"examples": [{"input": r.tolist()} for r in rows]}
+    classified = agent.client.post("/v1/models/mlp/labels/stable:classify", json=examples)
+    assert classified.status_code == 200, classified.text
+    assert classified.json() == agent.client.post("/v1/models/mlp:classify", json=examples).json()
+    status = agent.client.get("/v1/models/mlp/labels/stable")
+    assert status.status_code == 200, status.text
+    assert [v["version"] for v in status.json()["model_version_status"]] == ["1"]
+    metadata = agent.client.get("/v1/models/mlp/labels/stable/metadata")
+    assert metadata.status_code == 200, metadata.text
+    assert metadata.json()["model_spec"]["version"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("path", "named"),
+    [
+        ("/v1/models/mlp/labels/nope:predict", "Unrecognized servable version label: nope"),
+        ("/v1/models/mlp/labels/canary:predict", "version 2"),  # labelled, not served here
+        ("/v1/models/undeclared/labels/stable:predict", "label: stable"),
+    ],
+)
+def test_a_label_that_names_nothing_served_is_a_404(
+    agent: RunningAgent, path: str, named: str
+) -> None:
+    resp = agent.client.post(path, json={"instances": [[0.0] * 256]})
+    assert resp.status_code == 404, resp.text
+    assert named in resp.text, resp.text
+
+
+@pytest.mark.parametrize(
+    ("labels", "named"),
+    [("1st = 1", "version label '1st'"), ("stable = 0", "version 0 is not >= 1")],
+)
+def test_a_bad_version_label_is_a_config_error_naming_it(labels: str, named: str) -> None:
+    with pytest.raises(ModelConfigError, match=named):
+        parse_model_config(f"[tfserving.version_labels]\n{labels}\n", "config.toml")

@@ -29,6 +29,8 @@ PAGES = [
     "/ui/windows",
     "/ui/claims",
     "/ui/enrolments",
+    "/ui/costs",
+    "/ui/keys",
 ]
 
 

@@ -27,6 +27,8 @@ PAGES = [
     "/ui/windows",
     "/ui/claims",
     "/ui/enrolments",
+    "/ui/costs",
+    "/ui/keys",
 ]
 
 
@@ -87,6 +89,12 @@ def test_a_change_without_the_csrf_token_is_refused(operator: httpx.Client, flee
     wrong = operator.post("/ui/rollouts", data=spec | {"csrf": "forged"})
     assert wrong.status_code == 403
     assert operator.post("/ui/logout").status_code == 403
+    # the upload form is multipart: its token is checked all the same
+    upload = {"name": "forged", "version": "1"}
+    files = {"files": ("model.onnx", b"not a model")}
+    resp = operator.post("/ui/models/new", data=upload, files=files)
+    assert resp.status_code == 403 and "CSRF" in resp.text
+    assert fleet.cp.admin.get("/api/v1/models/forged/versions/1").status_code == 404
     assert operator.get("/ui/").status_code == 200  # still logged in
     rollouts = fleet.cp.admin.get("/api/v1/rollouts").json()
     assert not any(r["version"] == 3 and r["state"] == "running" for r in rollouts)

@@ -183,6 +183,27 @@ def test_the_overview_needs_attention_for_rollbacks_absent_devices_and_drift() -
     assert views.attention(views.fleet_counts(summary()), [], [], now) == []
 
 
+def test_the_overview_needs_attention_for_concept_drift() -> None:
+    now = datetime(2026, 12, 7, 12, tzinfo=UTC)
+    counts = views.fleet_counts(summary(("pi", "online", 2)))
+
+    def accuracy(version: int, live: float, over: bool) -> dict:
+        drift = {"accuracy": live, "reference_accuracy": 0.98, "drop": 0.98 - live}
+        return {
+            "model": "digits",
+            "version": version,
+            "concept_drift": drift | {"over_threshold": over},
+        }
+
+    alerts = views.attention(
+        counts, [], [], now, [accuracy(2, 0.95, False), accuracy(3, 0.5, True)]
+    )
+    assert [(a.kind, a.href) for a in alerts] == [("concept_drift", "/ui/models/digits/versions/3")]
+    assert alerts[0].words == (
+        "digits v3: live accuracy 50.0%, 48.0% below the reference's 98.0% (concept drift)"
+    )
+
+
 def test_a_windows_openings_are_the_control_planes_own() -> None:
     from control_plane.rollouts.windows import Window
 
@@ -207,6 +228,7 @@ def test_the_rollout_form_gives_the_api_its_gates_and_shadow_by_their_names() ->
         "selector": ["site=lab, group=pi"],
         "max_rejections": ["2"],
         "max_drift": ["0.2"],
+        "max_accuracy_drop": ["0.05"],
         "skip_self_test": ["on"],
         "shadow_share": ["0.5"],
         "min_agreement": ["0.95"],
@@ -219,6 +241,7 @@ def test_the_rollout_form_gives_the_api_its_gates_and_shadow_by_their_names() ->
         "self_test": False,
         "max_rejections": "2",
         "max_drift": "0.2",
+        "max_accuracy_drop": "0.05",
     }
     assert spec["shadow"] == {"sample_share": "0.5", "min_agreement": "0.95"}
     # no share, no shadow phase, whatever its other fields say; blank gates keep the defaults
@@ -244,3 +267,23 @@ def test_every_rejection_code_has_plain_words() -> None:
     assert rows[0]["code_words"] == "the signature does not verify"
     assert views.code_words("from_a_newer_agent") == "from_a_newer_agent"
     assert views.code_words(None) is None
+
+
+def test_the_overview_needs_attention_for_degraded_and_rolled_back_agents() -> None:
+    now = datetime(2026, 12, 7, 12, tzinfo=UTC)
+    doc = summary(("pi", "online", 5)) | {"agents": {"degraded": 2, "rolled_back": 1}}
+    alerts = views.attention(views.fleet_counts(doc), [], [], now)
+    assert [(a.kind, a.href, a.words) for a in alerts] == [
+        (
+            "agent_degraded",
+            "/ui/devices?agent=degraded",
+            "2 devices whose agent crash-loops (degraded): restarted, not yet stable",
+        ),
+        (
+            "agent_rolled_back",
+            "/ui/devices?agent=rolled_back",
+            "1 devices went back from an agent release (rolled back)",
+        ),
+    ]
+    none = summary(("pi", "online", 5)) | {"agents": {"degraded": 0, "rolled_back": 0}}
+    assert views.attention(views.fleet_counts(none), [], [], now) == []

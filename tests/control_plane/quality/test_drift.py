@@ -5,6 +5,7 @@ serves, the control plane compares them with the version's reference set, and a 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,6 +159,9 @@ def test_shifted_traffic_pauses_the_rollout_and_unshifted_does_not(
         assert device["device_id"] == "drift-box" and not device["over_threshold"], device
         assert unshifted["fleet"]["psi"] < THRESHOLD
         assert {f["feature"] for f in device["features"]} == {-1, *range(8)}
+        # the agent sketches the outputs and their top-1 classes too (output drift)
+        judged = {f["input"] for f in device["features"]}
+        assert judged == {"input", "output:logits", "top1:logits"}, judged
         assert not [r for r in caplog.records if r.getMessage() == "input drift over threshold"]
 
         # 2. the same traffic, then shifted while the next version bakes
@@ -180,7 +184,8 @@ def test_shifted_traffic_pauses_the_rollout_and_unshifted_does_not(
         )
         doc = rollout(cp, second)
         assert doc["state"] == "paused", doc["reason"]  # paused, not rolled back
-        assert doc["reason"].startswith("input drift: PSI "), doc["reason"]
+        # the shift moves the predicted class mix as well: whichever is worse is named
+        assert re.match(r"(input|output) drift: PSI ", doc["reason"]), doc["reason"]
         gate = doc["gate_report"]["0"]["drift"]
         assert gate["paused"] and gate["psi"] > THRESHOLD and gate["device_id"] == "drift-box"
         # the alert: once, for this device, within 3 windows of the one the shift began in

@@ -57,7 +57,7 @@ def test_the_books_sketch_has_the_window_mean_variance_and_quantiles() -> None:
     data = RNG.normal(5.0, 2.0, (2_000, 4)).astype(np.float32)
     for start in range(0, len(data), 10):
         book.observe("m", 1, {"x": data[start : start + 10]})
-    (sketch,) = book.take_all()[("m", 1)]
+    (sketch,) = book.take_all()[("m", 1)].inputs
     assert book.take_all() == {}  # the next window starts empty
     assert (sketch.rows, sketch.sampled_rows, sketch.layout) == (2_000, 2_000, "features")
     assert [f.feature for f in sketch.features] == [ALL_VALUES, 0, 1, 2, 3]
@@ -77,7 +77,7 @@ def test_past_the_budget_requests_are_sampled_across_the_whole_window() -> None:
     book = InputSketchBook(InputSketchSettings(sample_rows_per_window=200))
     for i in range(4_000):  # the first half of the window is 0s, the second half 10s
         book.observe("m", 1, {"x": np.full((1, 2), 0.0 if i < 2_000 else 10.0)})
-    (sketch,) = book.take_all()[("m", 1)]
+    (sketch,) = book.take_all()[("m", 1)].inputs
     assert sketch.rows == 4_000 and sketch.sampled_rows == 200
     tens = sum(sketch.features[1].counts)  # positive bins: the 10s
     assert 60 <= tens <= 140, tens  # about half; not the first 200 requests only
@@ -126,7 +126,7 @@ def test_binned_like_the_agent_drift_stays_close_to_the_raw_values() -> None:
 def test_sketches_cross_the_wire_and_the_fast_decoder() -> None:
     book = InputSketchBook(InputSketchSettings())
     book.observe("m", 1, {"x": RNG.normal(0, 1, (50, 64)).astype(np.float32)})
-    sketches = book.take_all()[("m", 1)]
+    sketches = book.take_all()[("m", 1)].inputs
     message = Telemetry(
         device_id="d",
         seq=1,
@@ -163,3 +163,20 @@ def test_the_rollout_status_names_the_drift_gates_numbers() -> None:
     }
     words = gate_words(doc)
     assert words is not None and "input drift PSI 0.031 on input[4] at d1 (limit 0.2)" in words
+
+
+def test_outputs_and_their_top1_classes_are_sketched_beside_the_inputs() -> None:
+    book = InputSketchBook(InputSketchSettings())
+    scores = np.zeros((40, 5), np.float32)
+    scores[:30, 2] = scores[30:, 4] = 1.0  # 30 rows predict class 2, 10 class 4
+    book.observe("m", 1, {"x": np.ones((40, 3), np.float32)}, {"p": scores, "v": scores[:, 0]})
+    taken = book.take_all()[("m", 1)]
+    assert [s.name for s in taken.inputs] == ["x"]
+    assert [s.name for s in taken.outputs] == ["p", "v"]
+    (top1,) = taken.top1  # of the [N, classes] output only
+    assert top1.name == "p" and top1.rows == 40
+    (classes,) = [f for f in top1.features if f.feature == -1]
+    assert classes.count == 40 and classes.mean == pytest.approx((30 * 2 + 10 * 4) / 40)
+    off = InputSketchBook(InputSketchSettings(outputs=False))
+    off.observe("m", 1, {"x": np.ones((4, 3), np.float32)}, {"p": scores[:4]})
+    assert off.take_all()[("m", 1)][1:] == ([], [])

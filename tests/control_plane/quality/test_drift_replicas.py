@@ -49,7 +49,7 @@ def window(seq: int) -> bytes:
     """A telemetry window of ``dev-1`` serving mlp v2, its inputs shifted by 3."""
     book = InputSketchBook(InputSketchSettings(sample_rows_per_window=ROWS))
     book.observe("mlp", 2, {"x": (RNG.normal(0, 1, (ROWS, 4)) + 3).astype(np.float32)})
-    sketches = book.take_all()[("mlp", 2)]
+    sketches = book.take_all()[("mlp", 2)].inputs
     model = ModelTelemetry(
         model="mlp", version=2, requests=1, errors=0, rows=ROWS, batches=1, inputs=sketches
     )
