@@ -393,10 +393,12 @@ def run_offline(
     inputs: Arrays,
     signature: ModelSignature,
     infer: Callable[[Arrays], Arrays],
+    at_model: Callable[[Arrays, Arrays], None] | None = None,
 ) -> Arrays:
     """Run the steps one after the other, the version's own model through ``infer`` (a
     runtime's): the self-test of ``edgefleet models selftest`` and of the control plane's
-    validation. Python steps and calls to other models need an agent.
+    validation. Python steps and calls to other models need an agent. ``at_model`` is given
+    what enters and leaves the own model (a pipeline's drift reference).
 
     Raises:
         StepError: a step failed, or needs an agent.
@@ -410,7 +412,10 @@ def run_offline(
         if isinstance(step, ModelStep):
             if step.model:
                 raise StepFailedError(f"step {name}: model {step.model!r} is served by agents")
-            outputs = infer({inner: tensors[outer] for inner, outer in step.inputs.items()})
+            given = {inner: tensors[outer] for inner, outer in step.inputs.items()}
+            outputs = infer(given)
+            if at_model is not None:
+                at_model(given, outputs)
             missing = [inner for inner in step.outputs if inner not in outputs]
             if missing:
                 raise StepFailedError(f"step {name}: the model gave no {missing[0]!r}")

@@ -1,5 +1,6 @@
 """A model version served as a pipeline (:class:`PipelineVersion`), and how its pipeline's
-model steps call models through their batchers (:func:`model_caller`). The pipeline itself,
+model steps call models through their batchers (:func:`model_caller`), sketched at its own
+model (:func:`sketched`). The pipeline itself,
 its steps and what loading one checks are :mod:`agent.pipelines`' own; that package needs
 nothing of this one to run."""
 
@@ -21,6 +22,7 @@ from runtimes.errors import InvalidInputError
 from runtimes.signature import ModelSignature
 
 if TYPE_CHECKING:
+    from agent.inference.sketches import InputSketchBook
     from agent.metrics import AgentMetrics
 
 
@@ -101,3 +103,20 @@ def model_caller(
         return result
 
     return call
+
+
+def sketched(call: ModelCall, sketches: InputSketchBook, lv: PipelineVersion) -> ModelCall:
+    """``call``, with the tensors entering and leaving ``lv``'s own model step sketched under
+    the pipeline's name and version: drift is judged at the model, where the control plane
+    makes the version's reference (through the same steps). Other models an ensemble calls
+    are not the pipeline's, and a JPEG's bytes have no distribution worth sketching."""
+
+    async def call_sketched(
+        name: str, step: ModelStep, inputs: dict[str, np.ndarray]
+    ) -> ItemResult:
+        result = await call(name, step, inputs)
+        if not step.model:
+            sketches.observe(lv.model, lv.version, inputs, result.outputs)
+        return result
+
+    return call_sketched

@@ -19,7 +19,7 @@ from agent.inference.batch_run import ItemResult
 from agent.inference.capture import CaptureTap
 from agent.inference.manager import ModelManager
 from agent.inference.payload_log import PayloadLog
-from agent.inference.pipelined import PipelineVersion
+from agent.inference.pipelined import PipelineVersion, sketched
 from agent.inference.predictions import PredictionStore
 from agent.inference.sketches import InputSketchBook
 from agent.inference.versions import LoadedVersion
@@ -228,14 +228,14 @@ class InferenceService:
             lv.release()
             raise
 
+        call = self.manager.model_caller(lv, priority, timeout_s)
+        if self.sketches is not None:  # at its model step: what the reference is made of
+            call = sketched(call, self.sketches, lv)
+
         async def run() -> InferResponse:
             assert lv.pipeline is not None
             try:
-                result = await lv.pipeline.run(
-                    request.inputs,
-                    self.manager.model_caller(lv, priority, timeout_s),
-                    self.manager.step_executor,
-                )
+                result = await lv.pipeline.run(request.inputs, call, self.manager.step_executor)
             except (AgentError, StepError, RuntimeFailure) as exc:
                 lv.stats.record_failure(time.monotonic() - started, exc.code)
                 self.metrics.observe_failure(lv.model, version, exc.code)

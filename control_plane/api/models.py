@@ -332,6 +332,8 @@ async def validate_version(
         margin=cfg.accuracy_margin,
         reference=mv.reference,
     )
+    if made := report.get("model_reference"):  # a pipeline's drift reference, kept
+        await record_artifact(s, made["sha256"], made["size"])
     mv.validation = report
     audit.record(s, who.name, "version.validate", f"{name}:{version}", passed=report["passed"])
     await s.commit()

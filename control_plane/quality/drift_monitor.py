@@ -350,13 +350,16 @@ class DriftMonitor:
 
     async def _reference(self, model: str, version: int) -> _Reference | None:
         async with self.sessions() as s:
-            sha = (
+            row = (
                 await s.execute(
-                    select(ModelVersion.reference)
+                    select(ModelVersion.reference, ModelVersion.validation)
                     .join(Model)
                     .where(Model.name == model, ModelVersion.version == version)
                 )
-            ).scalar_one_or_none()
+            ).one_or_none()
+        sha, validation = row if row is not None else (None, None)
+        if isinstance(validation, dict) and validation.get("model_reference"):
+            sha = validation["model_reference"]  # a pipeline's: at its model step
         digest = sha.get("sha256") if isinstance(sha, dict) else None
         cached = self._references.get((model, version))
         if digest is None:

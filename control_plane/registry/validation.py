@@ -28,6 +28,7 @@ from common.pipeline_config import (
 )
 from common.pipeline_steps import StepError, run_offline
 from control_plane.registry.generative import validate_generative
+from control_plane.registry.pipeline_reference import model_step_reference
 from control_plane.registry.store import ArtifactStore
 from runtimes.backends import BACKENDS, open_model
 from runtimes.base import Placement, Runtime
@@ -83,6 +84,7 @@ def validate(
     first: Runtime | None = None
     probe: dict[str, np.ndarray] | None = golden_sample.inputs if golden_sample else None
     generative_ran = False
+    model_reference: dict[str, Any] | None = None  # a pipeline's, at its model step
     with tempfile.TemporaryDirectory() as scratch:
         for i, variant in enumerate(variants):
             if not variant["files"]:
@@ -122,6 +124,11 @@ def validate(
                     problems = _pipeline_problems(directory, runtime)
                     passed = not problems
                     check(f"{label} passes its pipeline's golden", passed, "; ".join(problems))
+                    if reference is not None and model_reference is None:
+                        made = _model_reference(store, directory, runtime, reference)
+                        problem = made.pop("problem", "")
+                        model_reference = made or None
+                        check(f"the reference set runs through {label}", not problem, problem)
                 if probe is None:
                     probe = _probe_inputs(runtime)
                 try:
@@ -172,7 +179,8 @@ def validate(
                 )
         reference_accuracy = None
         if reference is not None and first is not None:
-            reference_accuracy = _labelled_accuracy(first, store.path(reference["sha256"]))
+            judged = model_reference or reference  # a pipeline's model takes tensors
+            reference_accuracy = _labelled_accuracy(first, store.path(judged["sha256"]))
         if first is not None:
             first.close()
     if not outputs and not generative_ran:
@@ -182,6 +190,7 @@ def validate(
         "checks": checks,
         "accuracy": accuracy,
         "reference_accuracy": reference_accuracy,
+        "model_reference": model_reference,
         "validated_at": datetime.now(UTC).isoformat(),
     }
 
@@ -199,6 +208,16 @@ def _pipeline_problems(directory: Path, runtime: Runtime) -> list[str]:
     except (PipelineConfigError, StepError, RuntimeFailure, ValueError, OSError) as exc:
         return [str(exc)]
     return golden.mismatches(outputs)
+
+
+def _model_reference(
+    store: ArtifactStore, directory: Path, runtime: Runtime, reference: dict[str, Any]
+) -> dict[str, Any]:
+    """The pipeline's drift reference at its model step (stored), or ``{"problem": why}``."""
+    try:
+        return model_step_reference(store, directory, runtime, reference)
+    except (PipelineConfigError, StepError, RuntimeFailure, ValueError, OSError, KeyError) as exc:
+        return {"problem": str(exc)}
 
 
 def _labelled_accuracy(runtime: Runtime, path: Path) -> float | None:

@@ -288,10 +288,10 @@ def refuse_unjudgeable(spec: RolloutSpec, mv: ModelVersion) -> None:
         ("gates.max_drift", spec.gates.max_drift is not None),
         ("gates.max_accuracy_drop", spec.gates.max_accuracy_drop is not None),
     ):
-        if given and pipeline:
+        if given and pipeline and gate != "gates.max_drift":  # sketched at its model
             raise Invalid(
-                f"{gate}: {name} is a pipeline; devices neither shadow, sketch the inputs of "
-                "nor keep the predictions of pipelines, so this gate could never judge"
+                f"{gate}: {name} is a pipeline; devices neither shadow nor keep the "
+                "predictions of pipelines, so this gate could never judge"
             )
         if given and generative:
             raise Invalid(
@@ -313,6 +313,12 @@ def refuse_unjudgeable(spec: RolloutSpec, mv: ModelVersion) -> None:
         raise Invalid(
             f"gates.max_drift: {name} has no reference set to judge input drift against; "
             "push it with --reference, or leave max_drift out"
+        )
+    made = (mv.validation or {}).get("model_reference")
+    if spec.gates.max_drift is not None and pipeline and not made:
+        raise Invalid(
+            f"gates.max_drift: {name} is a pipeline, sketched at its model step, and its "
+            "reference set has not been run through its steps; validate it again"
         )
     for gate in ("max_ttft_p99_ms", "max_inter_token_p99_ms"):
         if getattr(spec.gates, gate) is not None and not generative:
